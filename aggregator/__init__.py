@@ -1,0 +1,1 @@
+"""Aggregator service: ingests perturbed reports and publishes debiased estimates."""

@@ -1,0 +1,1 @@
+"""On-device SDK: perturbs values locally before anything leaves the device."""

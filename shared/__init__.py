@@ -1,0 +1,1 @@
+"""Math and contracts shared by the device and the server."""

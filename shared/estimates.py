@@ -1,0 +1,94 @@
+"""Estimates with standard errors, normal-approximation intervals and post-processing.
+
+``Estimate`` holds unbiased frequency estimates of every category; ``MeanEstimate``
+an unbiased mean. Both give a two-sided confidence interval
+``estimate ± z_{(1 + level) / 2} · std`` (normal approximation: each estimate is
+a sum of n independent bounded terms, so the central limit theorem applies).
+
+Unbiased frequencies can be negative and need not sum to 1.
+``Estimate.postprocessed()`` projects them onto the probability simplex
+(Euclidean projection, the "Norm-Sub" of Wang et al., "Locally Differentially
+Private Frequency Estimation with Consistency", NDSS 2020): the closest valid
+distribution, at the price of bias. It is returned as a separate, marked object
+so the two are never confused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import NormalDist
+
+import numpy as np
+
+
+def z_value(level: float) -> float:
+    """The two-sided normal quantile for a confidence ``level`` in (0, 1)."""
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"confidence level must lie in (0, 1), got {level}")
+    return NormalDist().inv_cdf((1.0 + level) / 2.0)
+
+
+def project_to_simplex(values: np.ndarray) -> np.ndarray:
+    """Euclidean projection onto {x : x >= 0, sum x = 1} (sort-based, O(d log d)).
+
+    The projection is ``max(v - tau, 0)`` with tau chosen so the result sums to 1
+    (Held, Wolfe, Crowder 1974; Duchi et al., ICML 2008, Figure 1).
+    """
+    v = np.asarray(values, dtype=np.float64)
+    ordered = np.sort(v)[::-1]
+    cumulative = np.cumsum(ordered) - 1.0
+    ranks = np.arange(1, v.size + 1)
+    rho = np.flatnonzero(ordered - cumulative / ranks > 0)[-1]
+    tau = cumulative[rho] / (rho + 1)
+    return np.maximum(v - tau, 0.0)
+
+
+@dataclass(frozen=True)
+class PostprocessedFrequencies:
+    """A valid distribution derived from unbiased estimates; biased, for display and ranking."""
+
+    frequencies: np.ndarray
+    method: str = "simplex-projection"
+    unbiased: bool = False
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Unbiased frequency estimates of d categories from n reports, with standard errors."""
+
+    frequencies: np.ndarray
+    std: np.ndarray
+    n: int
+
+    @property
+    def counts(self) -> np.ndarray:
+        """Estimated number of users per category, ``n · frequency``."""
+        return self.frequencies * self.n
+
+    def ci(self, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+        """Per-category normal-approximation interval ``f ± z · std``."""
+        half = z_value(level) * self.std
+        return self.frequencies - half, self.frequencies + half
+
+    def postprocessed(self) -> PostprocessedFrequencies:
+        """The closest valid distribution (non-negative, sums to 1), marked as biased."""
+        return PostprocessedFrequencies(project_to_simplex(self.frequencies))
+
+
+@dataclass(frozen=True)
+class MeanEstimate:
+    """An unbiased mean of n clipped values, with its standard error."""
+
+    mean: float
+    std: float
+    n: int
+    lower: float
+    upper: float
+
+    def ci(self, level: float = 0.95) -> tuple[float, float]:
+        half = z_value(level) * self.std
+        return self.mean - half, self.mean + half
+
+    def postprocessed(self) -> float:
+        """The mean clipped to [lower, upper], where every true mean lies; biased."""
+        return float(np.clip(self.mean, self.lower, self.upper))

@@ -1,0 +1,56 @@
+"""The mechanism library: one module per mechanism, built from a ``MechanismSpec``.
+
+    >>> from shared.schemas import MechanismSpec
+    >>> from shared.mechanisms import make_mechanism
+    >>> mech = make_mechanism(MechanismSpec(mechanism="oue", epsilon=2.0, domain_size=1024))
+
+``MECHANISMS`` maps every wire name to its class; ``auto`` resolves to the
+lowest-variance categorical mechanism for the spec's (epsilon, d).
+"""
+
+from __future__ import annotations
+
+from shared.mechanisms.auto import resolve_auto
+from shared.mechanisms.base import Mechanism
+from shared.mechanisms.categorical import CategoricalMechanism
+from shared.mechanisms.grr import GeneralizedRandomizedResponse
+from shared.mechanisms.hr import HadamardResponse
+from shared.mechanisms.numeric import NumericMechanism
+from shared.mechanisms.olh import OptimizedLocalHashing
+from shared.mechanisms.unary import OptimizedUnaryEncoding, SymmetricUnaryEncoding
+from shared.mechanisms.laplace import DiscreteLaplace
+from shared.mechanisms.duchi import DuchiMean
+from shared.mechanisms.piecewise import PiecewiseMechanism
+from shared.schemas import MechanismSpec
+
+MECHANISMS: dict[str, type[Mechanism]] = {
+    cls.name: cls
+    for cls in (
+        GeneralizedRandomizedResponse,
+        SymmetricUnaryEncoding,
+        OptimizedUnaryEncoding,
+        OptimizedLocalHashing,
+        HadamardResponse,
+        DiscreteLaplace,
+        DuchiMean,
+        PiecewiseMechanism,
+    )
+}
+
+
+def make_mechanism(spec: MechanismSpec) -> Mechanism:
+    """Build the mechanism a spec names (``auto`` resolves to a concrete one)."""
+    if spec.mechanism == "auto":
+        return resolve_auto(spec)
+    return MECHANISMS[spec.mechanism](spec)
+
+
+__all__ = [
+    "MECHANISMS",
+    "CategoricalMechanism",
+    "Mechanism",
+    "MechanismSpec",
+    "NumericMechanism",
+    "make_mechanism",
+    "resolve_auto",
+]

@@ -1,0 +1,94 @@
+"""Frequency oracles: the estimator every categorical mechanism shares.
+
+Each categorical mechanism defines, for a report y and a category v, whether y
+*supports* v, with
+
+    p = P(y supports v | user's value is v),
+    q = P(y supports v | user's value is u), the same for every u != v.
+
+With C_v the number of the n reports that support v, the estimator
+
+    f_v = (C_v / n - q) / (p - q)
+
+is unbiased, and since users are independent
+
+    Var[f_v] = q (1 - q) / (n (p - q)^2) + f_v (1 - p - q) / (n (p - q))
+
+(Wang, Blocki, Li, Jha, "Locally Differentially Private Protocols for
+Frequency Estimation", USENIX Security 2017, Section 4). ``variance(n)`` is the
+first term (f_v = 0), the figure used for planning and for choosing a
+mechanism; ``Estimate.std`` evaluates the whole formula at the estimate clipped
+to [0, 1].
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import ClassVar
+
+import numpy as np
+
+from shared.estimates import Estimate
+from shared.mechanisms.base import Mechanism
+from shared.schemas import MechanismSpec
+from shared.statistics import CountStatistics
+
+#: Largest output space ``transition_matrix`` enumerates.
+MAX_ENUMERATED_OUTPUTS = 1 << 16
+
+
+def require_enumerable(outputs: int) -> None:
+    """Refuse to enumerate an output space larger than ``MAX_ENUMERATED_OUTPUTS``."""
+    if outputs > MAX_ENUMERATED_OUTPUTS:
+        raise ValueError(
+            f"the output space has {outputs} elements; transition_matrix enumerates at most "
+            f"{MAX_ENUMERATED_OUTPUTS} (use a smaller domain)"
+        )
+
+
+class CategoricalMechanism(Mechanism[CountStatistics, Estimate]):
+    """A frequency oracle over categories 0..d-1, defined by its p and q."""
+
+    kind: ClassVar[str] = "categorical"
+
+    def __init__(self, spec: MechanismSpec) -> None:
+        super().__init__(spec)
+        assert spec.domain_size is not None  # guaranteed by MechanismSpec
+        self.domain_size: int = spec.domain_size
+
+    @property
+    @abstractmethod
+    def p(self) -> float:
+        """P(report supports v | value v)."""
+
+    @property
+    @abstractmethod
+    def q(self) -> float:
+        """P(report supports v | value u), u != v."""
+
+    @abstractmethod
+    def support_counts(self, stats: CountStatistics) -> np.ndarray:
+        """C_v for every category v, from the sufficient statistics."""
+
+    @abstractmethod
+    def transition_matrix(self) -> np.ndarray:
+        """Exact ``P[output | value]`` as a (d, outputs) matrix, for small output spaces.
+
+        Raises ValueError when the output space has more than
+        ``MAX_ENUMERATED_OUTPUTS`` elements.
+        """
+
+    def estimate(self, stats: CountStatistics) -> Estimate:
+        """Unbiased frequencies ``(C_v / n - q) / (p - q)`` with their analytical std."""
+        if stats.n <= 0:
+            raise ValueError("cannot estimate from zero reports")
+        p, q = self.p, self.q
+        support = self.support_counts(stats).astype(np.float64)
+        frequencies = (support / stats.n - q) / (p - q)
+        at = np.clip(frequencies, 0.0, 1.0)
+        variance = (q * (1 - q) / (p - q) ** 2 + at * (1 - p - q) / (p - q)) / stats.n
+        return Estimate(frequencies, np.sqrt(variance), stats.n)
+
+    def variance(self, n: int) -> float:
+        """``q (1 - q) / (n (p - q)^2)``: variance of one frequency whose truth is 0."""
+        return self.q * (1 - self.q) / (n * (self.p - self.q) ** 2)

@@ -1,0 +1,65 @@
+"""Duchi, Jordan and Wainwright's one-bit mean mechanism ("Minimax Optimal
+Procedures for Locally Private Estimation", JASA 2018; one-dimensional case).
+
+For t in [-1, 1] (the clipped, normalized value) the device reports a sign,
++1 with probability 1/2 + t (e^eps - 1) / (2 (e^eps + 1)). The debiased report
+is C · sign with C = (e^eps + 1) / (e^eps - 1), so E[C · sign | t] = t and
+
+    Var[C · sign | t] = C^2 - t^2   (normalized units; times ((upper - lower) / 2)^2).
+
+The worst case is t = 0. The likelihood ratio is largest between t = 1 and
+t = -1: (1/2 + (e^eps - 1) / (2 (e^eps + 1))) / (1/2 - ...) = e^eps, exactly.
+
+Report: the sign (int8, -1 or +1), payload ``{"value": -1 | 1}``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from shared.mechanisms.base import IndexReports
+from shared.mechanisms.numeric import NumericMechanism
+from shared.randomness import Rng, as_source
+
+
+class DuchiMean(IndexReports, NumericMechanism):
+    name = "duchi"
+
+    @property
+    def scale(self) -> float:
+        """C = (e^eps + 1) / (e^eps - 1)."""
+        return (math.exp(self.epsilon) + 1) / (math.exp(self.epsilon) - 1)
+
+    def plus_probability(self, values: np.ndarray) -> np.ndarray:
+        """P(sign = +1 | x) = 1/2 + t / (2 C)."""
+        return 0.5 + self.normalize(values) / (2 * self.scale)
+
+    def encode(self, values: np.ndarray, rng: Rng = None) -> np.ndarray:
+        plus = as_source(rng).bernoulli(self.plus_probability(values))
+        return np.where(plus, 1, -1).astype(np.int8)
+
+    def check_reports(self, reports: np.ndarray) -> np.ndarray:
+        array = np.asarray(reports)
+        if array.ndim != 1:
+            raise ValueError(f"duchi reports must be a 1-d array of signs, got {array.shape}")
+        bad = np.flatnonzero((array != 1) & (array != -1))
+        if bad.size:
+            raise ValueError(f"report {bad[0]}: sign must be -1 or +1, got {array[bad[0]]!r}")
+        return array.astype(np.int8)
+
+    def debias(self, reports: np.ndarray) -> np.ndarray:
+        return self.to_original(self.scale * reports.astype(np.float64))
+
+    def report_variance(self, values: np.ndarray) -> np.ndarray:
+        t = self.normalize(values)
+        return (self.scale**2 - t**2) * self.half_range**2
+
+    def worst_case_inputs(self) -> np.ndarray:
+        return np.array([(self.lower + self.upper) / 2])
+
+    def transition_matrix(self, values: np.ndarray) -> np.ndarray:
+        """P[sign | x] with columns (-1, +1)."""
+        plus = self.plus_probability(values)
+        return np.stack([1 - plus, plus], axis=1)

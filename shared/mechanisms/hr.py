@@ -1,0 +1,105 @@
+"""Hadamard response (Acharya, Sun, Zhang, "Hadamard Response: Estimating
+Distributions Privately, Efficiently, and with Little Communication", AISTATS 2019).
+
+Let K be the smallest power of two > d and H the K x K Sylvester-Hadamard
+matrix, H[i, j] = (-1)^popcount(i & j). Value v owns row r = v + 1 (row 0, all
+ones, is skipped) and the set S_v = {j : H[r, j] = +1} of K/2 outputs. The user
+reports one index y in 0..K-1:
+
+    P(y | v) = 2 e^eps / (K (e^eps + 1))  for y in S_v,   2 / (K (e^eps + 1))  otherwise,
+
+so the likelihood ratio of any two inputs is at most e^eps. A report supports v
+when y is in S_v: p = e^eps / (e^eps + 1), and since two distinct rows agree on
+exactly K/4 of the positions in S_v, q = 1/2 for every u != v. Hence
+
+    Var[f_v] = (e^eps + 1)^2 / (n (e^eps - 1)^2)   at f_v = 0,
+
+within a factor (e^eps + 1)^2 / (4 e^eps) of OUE, with one log2(K)-bit index
+per report instead of d bits.
+
+Sampling: draw y uniformly on 0..K-1; if the parity of popcount(r & y) is not
+the one wanted, flip the lowest set bit of r in y. Flipping is a bijection
+between S_v and its complement, so y is uniform on the chosen half.
+
+Aggregation: the histogram h of the reports, then one fast Walsh-Hadamard
+transform, since (H h)[r] = #{y in S_v} - #{y not in S_v}; so
+C_v = (n + (H h)[v + 1]) / 2. O(n + K log K).
+
+Report: the index y (int64). Payload: ``{"value": int}``.
+Sufficient statistics: the length-K histogram of reported indices.
+"""
+
+from __future__ import annotations
+
+import math
+import numpy as np
+
+from shared.mechanisms.base import IndexReports, as_index_array
+from shared.mechanisms.categorical import CategoricalMechanism, require_enumerable
+from shared.randomness import Rng, as_source
+from shared.schemas import MechanismSpec
+from shared.statistics import CountStatistics
+
+
+def walsh_hadamard(vector: np.ndarray) -> np.ndarray:
+    """The Sylvester-Hadamard transform H x of a length-2^k vector, in k vectorized passes."""
+    result = np.array(vector, dtype=np.int64, copy=True)
+    size = result.size
+    half = 1
+    while half < size:
+        blocks = result.reshape(-1, 2, half)
+        top = blocks[:, 0, :].copy()
+        blocks[:, 0, :] += blocks[:, 1, :]
+        blocks[:, 1, :] = top - blocks[:, 1, :]
+        half *= 2
+    return result
+
+
+class HadamardResponse(IndexReports, CategoricalMechanism):
+    name = "hr"
+
+    def __init__(self, spec: MechanismSpec) -> None:
+        super().__init__(spec)
+        self.outputs: int = 1 << self.domain_size.bit_length()  # smallest power of 2 > d
+
+    @property
+    def p(self) -> float:
+        e = math.exp(self.epsilon)
+        return e / (e + 1)
+
+    @property
+    def q(self) -> float:
+        return 0.5
+
+    def encode(self, values: np.ndarray, rng: Rng = None) -> np.ndarray:
+        values = as_index_array(values, self.domain_size)
+        source = as_source(rng)
+        rows = values + 1
+        in_set = source.bernoulli(self.p, values.size)
+        y = source.integers(self.outputs, values.size)
+        parity_odd = (np.bitwise_count(rows & y) & 1).astype(bool)
+        wrong = parity_odd == in_set  # in S_v means even parity
+        lowest = rows & -rows
+        return np.where(wrong, y ^ lowest, y)
+
+    def check_reports(self, reports: np.ndarray) -> np.ndarray:
+        return as_index_array(reports, self.outputs, "reported index")
+
+    def empty_statistics(self) -> CountStatistics:
+        return CountStatistics.empty(self.outputs)
+
+    def aggregate(self, reports: np.ndarray) -> CountStatistics:
+        reports = self.check_reports(reports)
+        return CountStatistics(reports.size, np.bincount(reports, minlength=self.outputs))
+
+    def support_counts(self, stats: CountStatistics) -> np.ndarray:
+        transformed = walsh_hadamard(stats.counts)
+        return (stats.n + transformed[1 : self.domain_size + 1]) // 2
+
+    def transition_matrix(self) -> np.ndarray:
+        d, k = self.domain_size, self.outputs
+        require_enumerable(d * k)
+        rows = np.arange(1, d + 1)[:, None]
+        in_set = (np.bitwise_count(rows & np.arange(k)[None, :]) & 1) == 0
+        e = math.exp(self.epsilon)
+        return np.where(in_set, 2 * e / (k * (e + 1)), 2 / (k * (e + 1)))

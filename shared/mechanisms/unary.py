@@ -1,0 +1,149 @@
+"""Unary encoding: symmetric (SUE, basic one-time RAPPOR) and optimized (OUE).
+
+The value v is one-hot encoded as d bits; bit v is reported 1 with probability
+p and every other bit with probability q, independently (Wang et al., USENIX
+Security 2017, Section 4.2). Two inputs change two bits, so the likelihood
+ratio is at most (p (1 - q)) / (q (1 - p)) = e^eps.
+
+* SUE (Erlingsson et al., CCS 2014): p = e^(eps/2) / (e^(eps/2) + 1),
+  q = 1 / (e^(eps/2) + 1); Var[f_v] = e^(eps/2) / (n (e^(eps/2) - 1)^2) at f_v = 0.
+* OUE: p = 1/2, q = 1 / (e^eps + 1); Var[f_v] = 4 e^eps / (n (e^eps - 1)^2) at
+  f_v = 0, the least over all unary encodings.
+
+A report supports v when its bit v is 1. Reports are packed bit vectors
+(``np.packbits`` layout: bit v is bit ``7 - v % 8`` of byte ``v // 8``; padding
+bits are 0), payload ``{"bits": base64 of the packed bytes}``. The other d - 1
+bits are drawn 64 at a time by ``RandomSource.bernoulli_bits``. Sufficient
+statistics: the per-bit sums.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+from typing import Any
+
+import numpy as np
+
+from shared.mechanisms.base import as_index_array
+from shared.mechanisms.categorical import CategoricalMechanism, require_enumerable
+from shared.randomness import Rng, as_source
+from shared.statistics import CountStatistics
+
+#: Rows unpacked at once when summing bits, so memory stays bounded.
+_AGGREGATE_CHUNK_BITS = 1 << 26
+
+
+class UnaryEncoding(CategoricalMechanism):
+    """Shared body of SUE and OUE; subclasses fix p and q."""
+
+    @property
+    def row_bytes(self) -> int:
+        return (self.domain_size + 7) // 8
+
+    def encode(self, values: np.ndarray, rng: Rng = None) -> np.ndarray:
+        values = as_index_array(values, self.domain_size)
+        source = as_source(rng)
+        reports = source.bernoulli_bits(self.q, values.size, self.domain_size)
+        true_bits = source.bernoulli(self.p, values.size)
+        rows = np.arange(values.size)
+        byte = values >> 3
+        mask = (np.uint8(0x80) >> (values & 7).astype(np.uint8)).astype(np.uint8)
+        current = reports[rows, byte]
+        reports[rows, byte] = np.where(true_bits, current | mask, current & ~mask)
+        return reports
+
+    def check_reports(self, reports: np.ndarray) -> np.ndarray:
+        array = np.asarray(reports)
+        if array.ndim != 2 or array.shape[1] != self.row_bytes or array.dtype != np.uint8:
+            raise ValueError(
+                f"unary-encoding reports must be uint8 of shape (n, {self.row_bytes}), "
+                f"got {array.dtype} {array.shape}"
+            )
+        spare = self.row_bytes * 8 - self.domain_size
+        if spare and array.size:
+            padding = array[:, -1] & np.uint8((1 << spare) - 1)
+            bad = np.flatnonzero(padding)
+            if bad.size:
+                raise ValueError(
+                    f"report {bad[0]} sets padding bits past bit {self.domain_size - 1}"
+                )
+        return array
+
+    def empty_statistics(self) -> CountStatistics:
+        return CountStatistics.empty(self.domain_size)
+
+    def aggregate(self, reports: np.ndarray) -> CountStatistics:
+        reports = self.check_reports(reports)
+        sums = np.zeros(self.domain_size, dtype=np.int64)
+        chunk = max(1, _AGGREGATE_CHUNK_BITS // (self.row_bytes * 8))
+        for start in range(0, reports.shape[0], chunk):
+            bits = np.unpackbits(reports[start : start + chunk], axis=1, count=self.domain_size)
+            sums += bits.sum(axis=0, dtype=np.int64)
+        return CountStatistics(reports.shape[0], sums)
+
+    def support_counts(self, stats: CountStatistics) -> np.ndarray:
+        return stats.counts
+
+    def transition_matrix(self) -> np.ndarray:
+        d = self.domain_size
+        require_enumerable(d * 2**d)
+        outputs = (np.arange(2**d)[:, None] >> np.arange(d)[None, :]) & 1  # (2^d, d) bits
+        ones = outputs.sum(axis=1)
+        matrix = np.empty((d, 2**d))
+        for v in range(d):  # d <= 16 here: a loop over inputs of a tiny enumeration
+            own = outputs[:, v]
+            others_on = ones - own
+            matrix[v] = (
+                np.where(own == 1, self.p, 1 - self.p)
+                * self.q**others_on
+                * (1 - self.q) ** (d - 1 - others_on)
+            )
+        return matrix
+
+    def to_payloads(self, reports: np.ndarray) -> list[dict[str, Any]]:
+        reports = self.check_reports(reports)
+        return [{"bits": base64.b64encode(row.tobytes()).decode("ascii")} for row in reports]
+
+    def from_payloads(self, payloads: list[dict[str, Any]]) -> np.ndarray:
+        rows = np.empty((len(payloads), self.row_bytes), dtype=np.uint8)
+        for i, payload in enumerate(payloads):
+            encoded = payload.get("bits") if isinstance(payload, dict) else None
+            if not isinstance(encoded, str):
+                raise ValueError(f"report {i}: payload needs a base64 string 'bits'")
+            try:
+                raw = base64.b64decode(encoded, validate=True)
+            except (binascii.Error, ValueError) as error:
+                raise ValueError(f"report {i}: 'bits' is not valid base64 ({error})") from None
+            if len(raw) != self.row_bytes:
+                raise ValueError(
+                    f"report {i}: 'bits' holds {len(raw)} bytes, expected {self.row_bytes}"
+                )
+            rows[i] = np.frombuffer(raw, dtype=np.uint8)
+        return self.check_reports(rows)
+
+
+class SymmetricUnaryEncoding(UnaryEncoding):
+    name = "sue"
+
+    @property
+    def p(self) -> float:
+        half = math.exp(self.epsilon / 2)
+        return half / (half + 1)
+
+    @property
+    def q(self) -> float:
+        return 1.0 / (math.exp(self.epsilon / 2) + 1)
+
+
+class OptimizedUnaryEncoding(UnaryEncoding):
+    name = "oue"
+
+    @property
+    def p(self) -> float:
+        return 0.5
+
+    @property
+    def q(self) -> float:
+        return 1.0 / (math.exp(self.epsilon) + 1)

@@ -1,0 +1,251 @@
+"""Random bits and exact samplers, from the OS CSPRNG or a seeded numpy Generator.
+
+Every sampler here is built on uniform random 64-bit words, so that the same
+code path serves a device (``rng=None``: the operating system's CSPRNG through
+``os.urandom``) and a reproducible simulation (a ``numpy.random.Generator``).
+A device must never pass a seeded generator; ``rng=None`` is the default
+everywhere.
+
+Exactness
+---------
+* ``integers(high)`` is exactly uniform on ``{0, ..., high - 1}`` (rejection
+  sampling on masked words, or numpy's unbiased bounded integers).
+* ``bernoulli(p)`` and ``bernoulli_bits(p)`` return 1 with probability exactly
+  ``floor(p * 2**53) / 2**53``: the uniform 53-bit integer ``U`` is compared
+  with ``T = floor(p * 2**53)``. That is ``p`` itself to within 2**-53, and it
+  is the probability the mechanisms' exact privacy tests use.
+* ``bernoulli_exp`` and ``discrete_laplace`` follow Canonne, Kamath and Steinke,
+  "The Discrete Gaussian for Differential Privacy" (NeurIPS 2020), Algorithms 1
+  and 2: only uniform integers and comparisons, no floating point, so the
+  output is exactly distributed as ``P(Y = y) ∝ exp(-|y| s / t)``.
+
+All samplers are vectorized: loops run over rejection rounds, never over items.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+
+Rng: TypeAlias = np.random.Generator | None
+
+_BITS53 = 1 << 53
+_WORD_DTYPE = np.dtype(np.uint64)
+
+
+def threshold53(p: float | npt.ArrayLike) -> np.ndarray:
+    """The integer ``T = floor(p * 2**53)`` so that ``P(U < T) = T / 2**53`` for uniform 53-bit U."""
+    probs = np.asarray(p, dtype=np.float64)
+    if np.any(~np.isfinite(probs)) or np.any(probs < 0.0) or np.any(probs > 1.0):
+        raise ValueError(f"probabilities must lie in [0, 1], got {probs!r}")
+    return np.floor(probs * _BITS53).astype(np.uint64)
+
+
+def exact_probability(p: float) -> float:
+    """The probability ``bernoulli(p)`` actually realizes: ``floor(p * 2**53) / 2**53``."""
+    return float(int(threshold53(p)) / _BITS53)
+
+
+class RandomSource:
+    """Uniform words and exact samplers from the OS CSPRNG (``rng=None``) or a Generator."""
+
+    def __init__(self, rng: Rng = None) -> None:
+        if rng is not None and not isinstance(rng, np.random.Generator):
+            raise TypeError(
+                f"rng must be a numpy.random.Generator or None (secure default), got {type(rng)!r}"
+            )
+        self._rng = rng
+
+    @property
+    def secure(self) -> bool:
+        """True when the bits come from the operating system's CSPRNG."""
+        return self._rng is None
+
+    def words(self, size: int) -> np.ndarray:
+        """``size`` independent uniform 64-bit words."""
+        if size <= 0:
+            return np.zeros(0, dtype=np.uint64)
+        if self._rng is None:
+            return np.frombuffer(os.urandom(8 * size), dtype=_WORD_DTYPE).copy()
+        return self._rng.integers(0, np.iinfo(np.uint64).max, size=size, dtype=np.uint64,
+                                  endpoint=True)
+
+    def integers(self, high: int | npt.ArrayLike, size: int | None = None) -> np.ndarray:
+        """Exactly uniform integers on ``{0, ..., high - 1}``; ``high`` may be an array."""
+        bounds = np.asarray(high, dtype=np.int64)
+        if np.any(bounds < 1):
+            raise ValueError(f"integers() needs high >= 1, got {high!r}")
+        shape = bounds.shape if size is None else (size,)
+        bounds = np.broadcast_to(bounds, shape)
+        if self._rng is not None:
+            return self._rng.integers(0, bounds, size=shape, dtype=np.int64)
+        # Rejection sampling: draw below the next power of two, keep what is < high.
+        flat_bounds = bounds.reshape(-1)
+        masks = _next_pow2_minus_one(flat_bounds)
+        out = np.empty(flat_bounds.shape, dtype=np.int64)
+        pending = np.arange(flat_bounds.size)
+        while pending.size:
+            draws = (self.words(pending.size) & masks[pending]).astype(np.int64)
+            ok = draws < flat_bounds[pending]
+            out[pending[ok]] = draws[ok]
+            pending = pending[~ok]
+        return out.reshape(shape)
+
+    def uniform(self, size: int) -> np.ndarray:
+        """Uniform floats on [0, 1) with 53 random bits each (k / 2**53)."""
+        return (self.words(size) >> np.uint64(11)).astype(np.float64) / _BITS53
+
+    def bernoulli(self, p: float | npt.ArrayLike, size: int | None = None) -> np.ndarray:
+        """Booleans that are True with probability ``floor(p * 2**53) / 2**53``."""
+        thresholds = threshold53(p)
+        shape = thresholds.shape if size is None else (size,)
+        thresholds = np.broadcast_to(thresholds, shape)
+        draws = self.words(int(np.prod(shape))).reshape(shape) >> np.uint64(11)
+        return draws < thresholds
+
+    def bernoulli_bits(self, p: float, rows: int, bits: int) -> np.ndarray:
+        """A packed bit matrix (``np.packbits`` layout, big bit order), each bit Bernoulli(p).
+
+        Returns ``uint8`` of shape ``(rows, ceil(bits / 8))`` with the padding bits
+        past ``bits`` set to zero. Each bit is 1 iff a lazily drawn uniform 53-bit
+        integer U is below ``T = floor(p * 2**53)``: the bits of U are drawn from
+        the most significant down, 64 lanes per word, and a lane is decided at the
+        first bit where U and T differ. A word leaves the loop once all its lanes
+        are decided, so the expected cost is about 8 random words per 64 bits
+        instead of one 53-bit draw per bit.
+        """
+        nbytes = (bits + 7) // 8
+        nwords = (nbytes + 7) // 8
+        total = rows * nwords
+        threshold = int(threshold53(p))
+        result = np.zeros(total, dtype=np.uint64)
+        if threshold == _BITS53:
+            result[:] = np.iinfo(np.uint64).max
+        elif threshold > 0:
+            active = np.arange(total)
+            undecided = np.full(total, np.iinfo(np.uint64).max, dtype=np.uint64)
+            for position in range(52, -1, -1):
+                draws = self.words(active.size)
+                if (threshold >> position) & 1:
+                    # U's bit is 0 where T's is 1: U < T, the lane is decided as 1.
+                    result[active] |= undecided & ~draws
+                    undecided &= draws
+                else:
+                    # U's bit is 1 where T's is 0: U > T, the lane is decided as 0.
+                    undecided &= ~draws
+                keep = undecided != 0
+                active, undecided = active[keep], undecided[keep]
+                if not active.size:
+                    break
+        packed = result.view(np.uint8).reshape(rows, nwords * 8)[:, :nbytes].copy()
+        _clear_padding(packed, bits)
+        return packed
+
+    def bernoulli_exp(self, numerator: npt.ArrayLike, denominator: int) -> np.ndarray:
+        """Booleans True with probability exactly ``exp(-numerator / denominator)``.
+
+        Canonne, Kamath, Steinke (2020), Algorithm 1, vectorized: for gamma in
+        [0, 1], draw A_k ~ Bernoulli(gamma / k) for k = 1, 2, ... until the first
+        failure at K; return K odd. Then ``P = exp(-gamma)``. For gamma > 1 the
+        result is the product of floor(gamma) draws at gamma = 1 and one at the
+        fractional part. Every Bernoulli(gamma / k) is a uniform integer below
+        ``denominator * k`` compared with ``numerator``: exact integer arithmetic.
+        """
+        nums = np.asarray(numerator, dtype=np.int64)
+        if denominator < 1 or np.any(nums < 0):
+            raise ValueError("bernoulli_exp needs numerator >= 0 and denominator >= 1")
+        whole, frac = np.divmod(nums, denominator)
+        result = self._bernoulli_exp_unit(frac, denominator)
+        for _ in range(int(whole.max(initial=0))):
+            need = (whole > 0) & result
+            result[need] &= self._bernoulli_exp_unit(np.ones(int(need.sum()), np.int64), 1)
+            whole = whole - 1
+        return result
+
+    def _bernoulli_exp_unit(self, nums: np.ndarray, denominator: int) -> np.ndarray:
+        """Bernoulli(exp(-nums / denominator)) for 0 <= nums <= denominator."""
+        result = np.zeros(nums.shape, dtype=bool)
+        active = np.arange(nums.size)
+        flat = nums.reshape(-1)
+        k = 1
+        while active.size:
+            success = self.integers(denominator * k, active.size) < flat[active]
+            stopped = active[~success]
+            result.reshape(-1)[stopped] = k % 2 == 1
+            active = active[success]
+            k += 1
+        return result
+
+    def geometric_exp(self, size: int) -> np.ndarray:
+        """Geometric variates with ``P(V >= v) = exp(-v)``: failures before a Bernoulli(1 - 1/e)."""
+        count = np.zeros(size, dtype=np.int64)
+        active = np.arange(size)
+        while active.size:
+            success = self._bernoulli_exp_unit(np.ones(active.size, np.int64), 1)
+            count[active[success]] += 1
+            active = active[success]
+        return count
+
+    def discrete_laplace(self, s: int, t: int, size: int) -> np.ndarray:
+        """Exact discrete Laplace: ``P(Y = y) = (1 - e^-g) / (1 + e^-g) * e^(-g |y|)``, g = s / t.
+
+        Canonne, Kamath, Steinke (2020), Algorithm 2, vectorized over rejection
+        rounds: U ~ Uniform{0..t-1}; accept with probability exp(-U / t);
+        V ~ Geometric with P(V >= v) = e^-v; X = U + t V (so P(X = x) ∝ e^(-x/t));
+        Y = floor(X / s); sign B ~ Bernoulli(1/2); reject (B = 1, Y = 0);
+        return (1 - 2B) Y.
+        """
+        if s < 1 or t < 1:
+            raise ValueError(f"discrete_laplace needs integers s, t >= 1, got s={s}, t={t}")
+        out = np.empty(size, dtype=np.int64)
+        pending = np.arange(size)
+        while pending.size:
+            u = self.integers(t, pending.size)
+            accepted = self.bernoulli_exp(u, t)
+            u, chosen = u[accepted], pending[accepted]
+            x = u + t * self.geometric_exp(u.size)
+            y = x // s
+            negative = (self.words(u.size) & np.uint64(1)).astype(bool)
+            valid = ~(negative & (y == 0))
+            out[chosen[valid]] = np.where(negative[valid], -y[valid], y[valid])
+            done = np.zeros(pending.size, dtype=bool)
+            done[np.flatnonzero(accepted)[valid]] = True
+            pending = pending[~done]
+        return out
+
+
+def as_source(rng: Rng | RandomSource) -> RandomSource:
+    """Wrap ``rng`` (``None`` for the OS CSPRNG, or a Generator) as a RandomSource."""
+    return rng if isinstance(rng, RandomSource) else RandomSource(rng)
+
+
+def discrete_laplace_pmf(y: npt.ArrayLike, s: int, t: int) -> np.ndarray:
+    """``P(Y = y)`` of the discrete Laplace with parameter g = s / t (for tests and planning)."""
+    g = s / t
+    return np.tanh(g / 2) * np.exp(-g * np.abs(np.asarray(y, dtype=np.float64)))
+
+
+def discrete_laplace_variance(s: int, t: int) -> float:
+    """``Var[Y] = 2 e^-g / (1 - e^-g)^2`` for the discrete Laplace with g = s / t."""
+    r = np.exp(-s / t)
+    return float(2.0 * r / (1.0 - r) ** 2)
+
+
+def _next_pow2_minus_one(bounds: np.ndarray) -> np.ndarray:
+    """For each bound b >= 1, the mask 2^ceil(log2 b) - 1 as uint64."""
+    widths = np.ceil(np.log2(np.maximum(bounds, 1).astype(np.float64))).astype(np.int64)
+    masks = (np.uint64(1) << widths.astype(np.uint64)) - np.uint64(1)
+    # Guard against log2 rounding: make sure every mask covers b - 1.
+    short = masks < (bounds - 1).astype(np.uint64)
+    masks[short] = (masks[short] << np.uint64(1)) | np.uint64(1)
+    return masks
+
+
+def _clear_padding(packed: np.ndarray, bits: int) -> None:
+    """Zero the bits past ``bits`` in the last byte of each packed row (big bit order)."""
+    spare = packed.shape[1] * 8 - bits
+    if spare:
+        packed[:, -1] &= np.uint8((0xFF << spare) & 0xFF)

@@ -1,0 +1,1 @@
+"""Simulation and benchmark scripts for the mechanisms."""

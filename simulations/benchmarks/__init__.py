@@ -1,0 +1,1 @@
+"""Benchmarks: speed and accuracy, side by side in one run."""
