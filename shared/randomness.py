@@ -37,7 +37,7 @@ _WORD_DTYPE = np.dtype(np.uint64)
 
 
 def threshold53(p: float | npt.ArrayLike) -> np.ndarray:
-    """The integer ``T = floor(p * 2**53)`` so that ``P(U < T) = T / 2**53`` for uniform 53-bit U."""
+    """``T = floor(p * 2**53)``, so that ``P(U < T) = T / 2**53`` for a uniform 53-bit U."""
     probs = np.asarray(p, dtype=np.float64)
     if np.any(~np.isfinite(probs)) or np.any(probs < 0.0) or np.any(probs > 1.0):
         raise ValueError(f"probabilities must lie in [0, 1], got {probs!r}")
@@ -70,8 +70,9 @@ class RandomSource:
             return np.zeros(0, dtype=np.uint64)
         if self._rng is None:
             return np.frombuffer(os.urandom(8 * size), dtype=_WORD_DTYPE).copy()
-        return self._rng.integers(0, np.iinfo(np.uint64).max, size=size, dtype=np.uint64,
-                                  endpoint=True)
+        return self._rng.integers(
+            0, np.iinfo(np.uint64).max, size=size, dtype=np.uint64, endpoint=True
+        )
 
     def integers(self, high: int | npt.ArrayLike, size: int | None = None) -> np.ndarray:
         """Exactly uniform integers on ``{0, ..., high - 1}``; ``high`` may be an array."""

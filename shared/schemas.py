@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Literal, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 CategoricalName: TypeAlias = Literal["grr", "sue", "oue", "olh", "hr", "auto"]
 NumericName: TypeAlias = Literal["laplace", "duchi", "piecewise"]
@@ -31,7 +31,7 @@ MAX_GRID_STEPS = 1 << 16
 
 
 class MechanismSpec(BaseModel):
-    """A mechanism and its parameters, e.g. ``{"mechanism": "grr", "epsilon": 1.0, "domain_size": 4}``.
+    """A mechanism and its parameters: ``{"mechanism": "grr", "epsilon": 1.0, "domain_size": 4}``.
 
     Categorical mechanisms (``grr``, ``sue``, ``oue``, ``olh``, ``hr``, ``auto``)
     take ``domain_size`` (categories are indices 0..domain_size-1). Numeric
@@ -67,6 +67,13 @@ class MechanismSpec(BaseModel):
         le=MAX_GRID_STEPS,
         description="Grid intervals of [lower, upper] for the laplace mechanism.",
     )
+
+    @field_validator("epsilon", "lower", "upper", "domain_size", "grid_steps", mode="before")
+    @classmethod
+    def _not_bool(cls, value: object, info: ValidationInfo) -> object:
+        if isinstance(value, bool):
+            raise ValueError(f"{info.field_name} must be a number, not a boolean")
+        return value
 
     @model_validator(mode="after")
     def _fits_mechanism(self) -> MechanismSpec:

@@ -11,6 +11,7 @@ the union of the reports) and serialize to a compact byte string:
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 
@@ -81,6 +82,8 @@ class MomentStatistics:
     total_squares: float
 
     def __post_init__(self) -> None:
+        if not (math.isfinite(self.total) and math.isfinite(self.total_squares)):
+            raise ValueError("total and total_squares must be finite")
         if self.n < 0 or self.total_squares < 0:
             raise ValueError("n and total_squares must be non-negative")
         object.__setattr__(self, "n", int(self.n))

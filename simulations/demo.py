@@ -1,4 +1,4 @@
-"""Demonstration: synthetic users report through every mechanism; debiased estimates beside the truth.
+"""Demo: synthetic users report through every mechanism; estimates beside the truth.
 
 Run ``python -m simulations.demo [--users N] [--epsilon EPS] [--seed S]``.
 Each simulated device perturbs its own value with the mechanism (a seeded
@@ -24,15 +24,21 @@ def categorical_demo(users: int, epsilon: float, rng: np.random.Generator) -> No
     values = rng.choice(len(BROWSERS), size=users, p=SHARES)
     truth = np.bincount(values, minlength=len(BROWSERS)) / users
     names = sorted(CATEGORICAL_MECHANISMS - {"auto"}) + ["auto"]
-    print(f"Favourite browser of {users:,} users, epsilon = {epsilon} (frequency, ±95% CI half-width)")
+    print(
+        f"Favourite browser of {users:,} users, epsilon = {epsilon} (frequency, ±95% CI half-width)"
+    )
     header = f"{'category':<10}{'truth':>8}" + "".join(f"{name:>17}" for name in names)
     print(header)
     estimates = {}
     for name in names:
-        spec = MechanismSpec(mechanism=name, epsilon=epsilon, domain_size=len(BROWSERS))
+        spec = MechanismSpec.model_validate(
+            {"mechanism": name, "epsilon": epsilon, "domain_size": len(BROWSERS)}
+        )
         mechanism = make_mechanism(spec)
-        estimates[name] = (mechanism.name, mechanism.estimate(mechanism.aggregate(
-            mechanism.encode(values, rng))))
+        estimates[name] = (
+            mechanism.name,
+            mechanism.estimate(mechanism.aggregate(mechanism.encode(values, rng))),
+        )
     for index, label in enumerate(BROWSERS):
         cells = "".join(
             f"{est.frequencies[index]:>9.4f} ±{1.96 * est.std[index]:.4f}"
@@ -49,7 +55,9 @@ def numeric_demo(users: int, epsilon: float, rng: np.random.Generator) -> None:
     print(f"\nMean session length (minutes, clipped to [{lower:g}, {upper:g}]) of {users:,} users")
     print(f"{'mechanism':<11}{'truth':>9}{'estimate':>10}{'95% CI':>22}")
     for name in sorted(set(MECHANISMS) - CATEGORICAL_MECHANISMS):
-        spec = MechanismSpec(mechanism=name, epsilon=epsilon, lower=lower, upper=upper)
+        spec = MechanismSpec.model_validate(
+            {"mechanism": name, "epsilon": epsilon, "lower": lower, "upper": upper}
+        )
         mechanism = make_mechanism(spec)
         est = mechanism.estimate(mechanism.aggregate(mechanism.encode(minutes, rng)))
         low, high = est.ci(0.95)

@@ -13,14 +13,14 @@ from __future__ import annotations
 from shared.mechanisms.auto import resolve_auto
 from shared.mechanisms.base import Mechanism
 from shared.mechanisms.categorical import CategoricalMechanism
+from shared.mechanisms.duchi import DuchiMean
 from shared.mechanisms.grr import GeneralizedRandomizedResponse
 from shared.mechanisms.hr import HadamardResponse
+from shared.mechanisms.laplace import DiscreteLaplace
 from shared.mechanisms.numeric import NumericMechanism
 from shared.mechanisms.olh import OptimizedLocalHashing
-from shared.mechanisms.unary import OptimizedUnaryEncoding, SymmetricUnaryEncoding
-from shared.mechanisms.laplace import DiscreteLaplace
-from shared.mechanisms.duchi import DuchiMean
 from shared.mechanisms.piecewise import PiecewiseMechanism
+from shared.mechanisms.unary import OptimizedUnaryEncoding, SymmetricUnaryEncoding
 from shared.schemas import MechanismSpec
 
 MECHANISMS: dict[str, type[Mechanism]] = {

@@ -31,7 +31,5 @@ def resolve_auto(spec: MechanismSpec) -> CategoricalMechanism:
     """The lowest-variance concrete mechanism for an ``auto`` spec's (epsilon, d)."""
     if spec.mechanism != "auto":
         raise ValueError(f"resolve_auto needs an 'auto' spec, got {spec.mechanism!r}")
-    options = [
-        cls(spec.model_copy(update={"mechanism": cls.name})) for cls in CANDIDATES
-    ]
+    options = [cls(spec.model_copy(update={"mechanism": cls.name})) for cls in CANDIDATES]
     return min(options, key=lambda mechanism: mechanism.variance(1))

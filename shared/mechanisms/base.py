@@ -121,12 +121,19 @@ def as_index_array(values: np.ndarray, size: int, what: str = "value") -> np.nda
     if array.ndim != 1:
         raise ValueError(f"{what}s must be a one-dimensional array, got shape {array.shape}")
     if array.size and not np.issubdtype(array.dtype, np.integer):
-        if not np.issubdtype(array.dtype, np.floating) or not np.all(array == np.round(array)):
+        if not np.issubdtype(array.dtype, np.floating):
             raise ValueError(f"{what}s must be integer category indices, got dtype {array.dtype}")
+        fractional = np.flatnonzero(~np.isfinite(array) | (array != np.round(array)))
+        if fractional.size:
+            position = fractional[0]
+            raise ValueError(
+                f"{what} {array[position].item()!r} at position {position} is not an integer"
+                " category index"
+            )
     bad = np.flatnonzero((array < 0) | (array >= size))
     if bad.size:
         raise ValueError(
-            f"{what} {array[bad[0]]!r} at position {bad[0]} is outside the domain 0..{size - 1}"
-            f" ({bad.size} out of range)"
+            f"{what} {array[bad[0]].item()!r} at position {bad[0]} is outside the domain "
+            f"0..{size - 1} ({bad.size} out of range)"
         )
     return array.astype(np.int64)

@@ -16,6 +16,7 @@ Sufficient statistics: the histogram of reported values.
 from __future__ import annotations
 
 import math
+
 import numpy as np
 
 from shared.mechanisms.base import IndexReports, as_index_array
@@ -40,7 +41,7 @@ class GeneralizedRandomizedResponse(IndexReports, CategoricalMechanism):
         source = as_source(rng)
         keep = source.bernoulli(self.p, values.size)
         # Any other value, uniformly: shift by 1 + Uniform{0..d-2} modulo d.
-        other = (values + 1 + source.integers(self.domain_size - 1, values.size))
+        other = values + 1 + source.integers(self.domain_size - 1, values.size)
         return np.where(keep, values, other % self.domain_size)
 
     def check_reports(self, reports: np.ndarray) -> np.ndarray:

@@ -32,6 +32,7 @@ Sufficient statistics: the length-K histogram of reported indices.
 from __future__ import annotations
 
 import math
+
 import numpy as np
 
 from shared.mechanisms.base import IndexReports, as_index_array

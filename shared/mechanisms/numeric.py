@@ -85,8 +85,10 @@ class NumericMechanism(Mechanism[MomentStatistics, MeanEstimate]):
             raise ValueError("cannot estimate from zero reports")
         mean = stats.total / stats.n
         spread = max(stats.total_squares - stats.n * mean * mean, 0.0)
-        sample_variance = spread / (stats.n - 1) if stats.n > 1 else float(
-            self.report_variance(self.worst_case_inputs()).max()
+        sample_variance = (
+            spread / (stats.n - 1)
+            if stats.n > 1
+            else float(self.report_variance(self.worst_case_inputs()).max())
         )
         return MeanEstimate(
             mean, math.sqrt(sample_variance / stats.n), stats.n, self.lower, self.upper

@@ -99,17 +99,15 @@ class OptimizedLocalHashing(CategoricalMechanism):
         if array.ndim != 2 or array.shape[1] != 3 or not np.issubdtype(array.dtype, np.integer):
             raise ValueError(f"OLH reports must be integer rows (a, b, y), got shape {array.shape}")
         array = array.astype(np.int64)
-        a, b, y = array.T
-        for label, column, low, high in (
-            ("a", a, 1, self.prime - 1),
-            ("b", b, 0, self.prime - 1),
-            ("value", y, 0, self.buckets - 1),
-        ):
-            bad = np.flatnonzero((column < low) | (column > high))
-            if bad.size:
-                raise ValueError(
-                    f"report {bad[0]}: {label} = {column[bad[0]]} is outside {low}..{high}"
-                )
+        bounds = np.array([[1, 0, 0], [self.prime - 1, self.prime - 1, self.buckets - 1]])
+        bad_rows = np.flatnonzero(((array < bounds[0]) | (array > bounds[1])).any(axis=1))
+        if bad_rows.size:
+            row = bad_rows[0]
+            field = int(np.flatnonzero((array[row] < bounds[0]) | (array[row] > bounds[1]))[0])
+            raise ValueError(
+                f"report {row}: {('a', 'b', 'value')[field]} = {array[row, field]} is outside "
+                f"{bounds[0, field]}..{bounds[1, field]}"
+            )
         return array
 
     def empty_statistics(self) -> CountStatistics:
@@ -139,8 +137,12 @@ class OptimizedLocalHashing(CategoricalMechanism):
         """P[(a, b, y) | v] over every hash function and bucket: (1/((P-1)P)) P[y | H_{a,b}(v)]."""
         d, prime, g = self.domain_size, self.prime, self.buckets
         require_enumerable(d * (prime - 1) * prime * g)
-        a, b, y = (axis.ravel() for axis in np.meshgrid(
-            np.arange(1, prime), np.arange(prime), np.arange(g), indexing="ij"))
+        a, b, y = (
+            axis.ravel()
+            for axis in np.meshgrid(
+                np.arange(1, prime), np.arange(prime), np.arange(g), indexing="ij"
+            )
+        )
         hashed = self.hash(a[None, :], b[None, :], np.arange(d)[:, None])
         bucket_probability = np.where(hashed == y[None, :], self.p, (1 - self.p) / (g - 1))
         return bucket_probability / ((prime - 1) * prime)

@@ -133,7 +133,7 @@ def test_higher_sample_rate_more_epsilon(method: AccountingMethod, kwargs: dict[
 
 
 @pytest.mark.parametrize(("method", "kwargs"), METHOD_KWARGS)
-@pytest.mark.parametrize(("target", "q", "steps"), [(1.0, 0.02, 200), (4.0, 0.1, 50)])
+@pytest.mark.parametrize(("target", "q", "steps"), [(1.0, 0.02, 200), (4.0, 0.05, 50)])
 def test_calibration_round_trip(
     method: AccountingMethod, kwargs: dict[str, Any], target: float, q: float, steps: int
 ) -> None:

@@ -1,0 +1,260 @@
+"""MechanismSpec validation, its JSON form, and what ``auto`` resolves to.
+
+A spec is the public privacy promise of a metric, so an invalid one must be refused
+when it is built, with a pydantic ValidationError (a ValueError) that names the field.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from shared.mechanisms import MECHANISMS, make_mechanism
+from shared.schemas import (
+    CATEGORICAL_MECHANISMS,
+    MAX_DOMAIN_SIZE,
+    MAX_EPSILON,
+    MAX_GRID_STEPS,
+    NUMERIC_MECHANISMS,
+    MechanismSpec,
+)
+
+CATEGORICAL = sorted(CATEGORICAL_MECHANISMS)
+NUMERIC = sorted(NUMERIC_MECHANISMS)
+#: The concrete frequency oracles ``auto`` chooses among.
+AUTO_CANDIDATES = ("grr", "sue", "oue", "olh", "hr")
+
+
+def valid_fields(name: str) -> dict[str, Any]:
+    """A minimal valid spec for ``name``, as keyword arguments."""
+    if name in CATEGORICAL_MECHANISMS:
+        return {"mechanism": name, "epsilon": 1.0, "domain_size": 4}
+    return {"mechanism": name, "epsilon": 1.0, "lower": -1.0, "upper": 2.0}
+
+
+def error_text(error: ValidationError) -> str:
+    """Each error's location and message, without the echoed input (which names every field)."""
+    return "; ".join(
+        f"{'.'.join(str(part) for part in item['loc'])}: {item['msg']}" for item in error.errors()
+    )
+
+
+def assert_refused(fields: dict[str, Any], *named: str) -> None:
+    """Building the spec fails with a ValidationError whose messages name every ``named`` field."""
+    with pytest.raises(ValidationError) as info:
+        MechanismSpec(**fields)
+    assert isinstance(info.value, ValueError)
+    text = error_text(info.value)
+    for field in named:
+        assert field in text, text
+
+
+def test_validation_error_is_a_value_error() -> None:
+    assert issubclass(ValidationError, ValueError)
+
+
+def test_schema_names_match_the_registry() -> None:
+    assert CATEGORICAL_MECHANISMS.isdisjoint(NUMERIC_MECHANISMS)
+    assert CATEGORICAL_MECHANISMS | NUMERIC_MECHANISMS == set(MECHANISMS) | {"auto"}
+    for name, cls in MECHANISMS.items():
+        assert cls.name == name
+
+
+# ---------------------------------------------------------------------------------------
+# Refused specs
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", CATEGORICAL + NUMERIC)
+@pytest.mark.parametrize(
+    "epsilon",
+    [0.0, -0.0, -1.0, -math.inf, math.nan, math.inf, MAX_EPSILON * (1 + 1e-12), 1e300],
+)
+def test_epsilon_must_be_positive_finite_and_at_most_the_maximum(
+    name: str, epsilon: float
+) -> None:
+    assert_refused({**valid_fields(name), "epsilon": epsilon}, "epsilon")
+
+
+@pytest.mark.parametrize("name", CATEGORICAL + NUMERIC)
+@pytest.mark.parametrize("epsilon", [1e-9, 0.5, MAX_EPSILON])
+def test_epsilon_bounds_are_inclusive_where_they_should_be(name: str, epsilon: float) -> None:
+    assert MechanismSpec(**{**valid_fields(name), "epsilon": epsilon}).epsilon == epsilon
+
+
+@pytest.mark.parametrize("name", CATEGORICAL)
+@pytest.mark.parametrize("domain_size", [1, 0, -3, MAX_DOMAIN_SIZE + 1])
+def test_domain_size_out_of_range(name: str, domain_size: int) -> None:
+    assert_refused({**valid_fields(name), "domain_size": domain_size}, "domain_size")
+
+
+@pytest.mark.parametrize("name", CATEGORICAL)
+@pytest.mark.parametrize("domain_size", [2, MAX_DOMAIN_SIZE])
+def test_domain_size_bounds_are_inclusive(name: str, domain_size: int) -> None:
+    assert MechanismSpec(**{**valid_fields(name), "domain_size": domain_size}).domain_size == (
+        domain_size
+    )
+
+
+@pytest.mark.parametrize("name", CATEGORICAL)
+def test_categorical_needs_domain_size(name: str) -> None:
+    fields = valid_fields(name)
+    del fields["domain_size"]
+    assert_refused(fields, "domain_size")
+    assert_refused({**fields, "domain_size": None}, "domain_size")
+
+
+@pytest.mark.parametrize("name", NUMERIC)
+@pytest.mark.parametrize(("lower", "upper"), [(1.0, 1.0), (2.0, 1.0), (0.0, -1e-300)])
+def test_lower_must_be_below_upper(name: str, lower: float, upper: float) -> None:
+    assert_refused({**valid_fields(name), "lower": lower, "upper": upper}, "lower", "upper")
+
+
+@pytest.mark.parametrize("name", NUMERIC)
+@pytest.mark.parametrize("missing", ["lower", "upper"])
+def test_numeric_needs_both_bounds(name: str, missing: str) -> None:
+    fields = valid_fields(name)
+    del fields[missing]
+    assert_refused(fields, missing)
+    assert_refused({**fields, missing: None}, missing)
+
+
+@pytest.mark.parametrize("name", NUMERIC)
+@pytest.mark.parametrize(
+    ("lower", "upper", "named"),
+    [
+        (-math.inf, 1.0, "lower"),
+        (0.0, math.inf, "upper"),
+        (math.nan, 1.0, "lower"),
+        (0.0, math.nan, "upper"),
+        (-1e308, 1e308, "upper - lower"),  # each finite, the width overflows
+    ],
+)
+def test_bounds_must_be_finite(name: str, lower: float, upper: float, named: str) -> None:
+    assert_refused({**valid_fields(name), "lower": lower, "upper": upper}, named)
+
+
+@pytest.mark.parametrize("mechanism", ["GRR", "rappor_v2", "", "gaussian", 3, None])
+def test_unknown_mechanism_names(mechanism: Any) -> None:
+    assert_refused({"mechanism": mechanism, "epsilon": 1.0, "domain_size": 4}, "mechanism")
+
+
+@pytest.mark.parametrize("name", NUMERIC)
+def test_domain_size_does_not_apply_to_numeric(name: str) -> None:
+    assert_refused({**valid_fields(name), "domain_size": 4}, "domain_size")
+
+
+@pytest.mark.parametrize("name", CATEGORICAL)
+@pytest.mark.parametrize("field", ["lower", "upper"])
+def test_bounds_do_not_apply_to_categorical(name: str, field: str) -> None:
+    assert_refused({**valid_fields(name), field: 0.0}, field)
+
+
+@pytest.mark.parametrize("name", [n for n in CATEGORICAL + NUMERIC if n != "laplace"])
+def test_grid_steps_applies_only_to_laplace(name: str) -> None:
+    assert_refused({**valid_fields(name), "grid_steps": 16}, "grid_steps")
+
+
+@pytest.mark.parametrize("grid_steps", [0, -1, MAX_GRID_STEPS + 1])
+def test_laplace_grid_steps_out_of_range(grid_steps: int) -> None:
+    assert_refused({**valid_fields("laplace"), "grid_steps": grid_steps}, "grid_steps")
+
+
+@pytest.mark.parametrize("name", CATEGORICAL + NUMERIC)
+@pytest.mark.parametrize("extra", ["cohorts", "delta", "Epsilon", "labels"])
+def test_unknown_fields_are_refused(name: str, extra: str) -> None:
+    assert_refused({**valid_fields(name), extra: 1}, extra)
+
+
+# ---------------------------------------------------------------------------------------
+# Valid specs: JSON round trip, immutability
+# ---------------------------------------------------------------------------------------
+
+
+VALID_SPECS = [
+    {"mechanism": "grr", "epsilon": 1.0, "domain_size": 4},
+    {"mechanism": "auto", "epsilon": 2.3, "domain_size": MAX_DOMAIN_SIZE},
+    {"mechanism": "olh", "epsilon": 0.1, "domain_size": 1000},
+    {"mechanism": "laplace", "epsilon": 1.5, "lower": -3.7, "upper": 11.2, "grid_steps": 16},
+    {"mechanism": "laplace", "epsilon": MAX_EPSILON, "lower": 0.0, "upper": 1e-3},
+    {"mechanism": "piecewise", "epsilon": 0.30000000000000004, "lower": -1e300, "upper": 1e300},
+    *(valid_fields(name) for name in CATEGORICAL + NUMERIC),
+]
+
+
+@pytest.mark.parametrize("fields", VALID_SPECS, ids=lambda f: str(f["mechanism"]))
+def test_valid_specs_round_trip_through_json(fields: dict[str, Any]) -> None:
+    spec = MechanismSpec(**fields)
+    text = spec.model_dump_json()
+    again = MechanismSpec.model_validate_json(text)
+    assert again == spec
+    assert again.model_dump_json() == text
+    for key, value in fields.items():
+        assert getattr(again, key) == value  # floats survive JSON bit for bit
+
+
+def test_documented_json_form() -> None:
+    """The JSON form DESIGN.md fixes for SDKs in other languages."""
+    spec = MechanismSpec.model_validate_json(
+        '{"mechanism": "grr", "epsilon": 1.0, "domain_size": 4}'
+    )
+    assert spec == MechanismSpec(mechanism="grr", epsilon=1.0, domain_size=4)
+    assert spec.is_categorical
+
+
+@pytest.mark.parametrize("fields", VALID_SPECS[:4], ids=lambda f: str(f["mechanism"]))
+def test_specs_are_frozen_and_hashable(fields: dict[str, Any]) -> None:
+    spec = MechanismSpec(**fields)
+    with pytest.raises(ValidationError):
+        spec.epsilon = 100.0  # type: ignore[misc]
+    with pytest.raises(ValidationError):
+        spec.mechanism = "grr"  # type: ignore[misc]
+    assert spec == MechanismSpec(**fields)
+    assert hash(spec) == hash(MechanismSpec(**fields))
+
+
+# ---------------------------------------------------------------------------------------
+# auto
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("epsilon", [0.5, 1.0, 2.0, 4.0, 8.0])
+@pytest.mark.parametrize("d", [2, 16, 1024, 16384])
+def test_auto_resolves_to_the_least_variance(epsilon: float, d: int) -> None:
+    spec = MechanismSpec(mechanism="auto", epsilon=epsilon, domain_size=d)
+    chosen = make_mechanism(spec)
+    variances = {
+        name: make_mechanism(spec.model_copy(update={"mechanism": name})).variance(1)
+        for name in AUTO_CANDIDATES
+    }
+    assert chosen.name in AUTO_CANDIDATES
+    assert chosen.spec == MechanismSpec.model_validate(
+        {"mechanism": chosen.name, "epsilon": epsilon, "domain_size": d}
+    )
+    assert chosen.variance(1) == variances[chosen.name]
+    assert chosen.variance(1) == min(variances.values())
+    for name, variance in variances.items():
+        assert chosen.variance(1) <= variance, name
+
+
+@pytest.mark.parametrize(
+    ("epsilon", "d", "grr"),
+    [
+        # GRR's variance beats OUE's exactly when d < 3 e^eps + 2; far from the boundary:
+        (0.5, 2, True),  # 3 e^0.5 + 2 = 6.9
+        (1.0, 4, True),  # 3 e + 2 = 10.2
+        (4.0, 100, True),  # 3 e^4 + 2 = 165.8
+        (8.0, 4000, True),  # 3 e^8 + 2 = 8945
+        (0.5, 16, False),
+        (1.0, 40, False),
+        (4.0, 1024, False),
+        (8.0, 16384, False),
+    ],
+)
+def test_auto_picks_grr_for_small_domains(epsilon: float, d: int, grr: bool) -> None:
+    assert (d < 3 * math.exp(epsilon) + 2) == grr  # the cases are on the side they claim
+    chosen = make_mechanism(MechanismSpec(mechanism="auto", epsilon=epsilon, domain_size=d))
+    assert (chosen.name == "grr") == grr, chosen.name
