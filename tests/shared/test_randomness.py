@@ -174,12 +174,14 @@ def integer_bins(
     probs = np.concatenate([[lower_tail(a - 1)], pmf(np.arange(a, b + 1)), [upper_tail(b + 1)]])
     counts = np.bincount(np.clip(values, a - 1, b + 1) - (a - 1), minlength=b - a + 3)
     if n * probs[0] < MIN_EXPECTED:  # merge the lower tail into the bin of a
-        probs, counts = np.concatenate([[probs[0] + probs[1]], probs[2:]]), np.concatenate(
-            [[counts[0] + counts[1]], counts[2:]]
+        probs, counts = (
+            np.concatenate([[probs[0] + probs[1]], probs[2:]]),
+            np.concatenate([[counts[0] + counts[1]], counts[2:]]),
         )
     if n * probs[-1] < MIN_EXPECTED:  # merge the upper tail into the bin of b
-        probs, counts = np.concatenate([probs[:-2], [probs[-2] + probs[-1]]]), np.concatenate(
-            [counts[:-2], [counts[-2] + counts[-1]]]
+        probs, counts = (
+            np.concatenate([probs[:-2], [probs[-2] + probs[-1]]]),
+            np.concatenate([counts[:-2], [counts[-2] + counts[-1]]]),
         )
     return counts, probs
 
@@ -211,7 +213,8 @@ def test_words_bits_and_bytes_uniform(make_source: SourceFactory) -> None:
     words = make_source(101).words(125_000)
     assert words.dtype == np.uint64 and words.shape == (125_000,)
     bits = np.unpackbits(words.view(np.uint8).reshape(-1, 8), axis=1)
-    # 64 bit positions + 1 byte chi-square: each at ALPHA / 2 (total <= 1e-6).
+    # Two families at ALPHA / 2 each: the 64 bit-position tests (ALPHA / 128 apiece) and
+    # the byte chi-square; total false-failure rate <= 1e-6.
     assert_binomials(bits.sum(axis=0), words.size, 0.5, alpha=ALPHA / 2, label="bit")
     byte_counts = np.bincount(words.view(np.uint8), minlength=256)
     assert_chisquare(byte_counts, np.full(256, 1 / 256), alpha=ALPHA / 2, label="bytes")
@@ -255,8 +258,10 @@ def test_integers_large_range_uniform(make_source: SourceFactory, high: int) -> 
     counts, probs = uniform_bins(values, high, 1000)
     assert_chisquare(counts, probs, alpha=ALPHA / 2, label="top bins")
     assert_chisquare(
-        np.bincount(values % 256, minlength=256), residue_probs(high, 256),
-        alpha=ALPHA / 2, label="low byte",
+        np.bincount(values % 256, minlength=256),
+        residue_probs(high, 256),
+        alpha=ALPHA / 2,
+        label="low byte",
     )
 
 
@@ -326,8 +331,11 @@ def test_bernoulli_per_element_p(make_source: SourceFactory) -> None:
     assert not draws[:, 0].any() and draws[:, -1].all()
     for column, p in enumerate(probs[1:-1], start=1):
         assert_binomial(
-            draws[:, column].sum(), draws.shape[0], exact_probability(float(p)),
-            alpha=ALPHA / 5, label=f"p={p}",
+            draws[:, column].sum(),
+            draws.shape[0],
+            exact_probability(float(p)),
+            alpha=ALPHA / 5,
+            label=f"p={p}",
         )
 
 
@@ -415,10 +423,20 @@ def test_bernoulli_bits_frequencies(make_source: SourceFactory, p: float) -> Non
     matrix = np.unpackbits(packed, axis=1, count=BITS_WIDTH)
     prob = exact_probability(p)
     family = BITS_WIDTH + 1
-    assert_binomials(matrix.sum(axis=0), BITS_ROWS, prob, alpha=ALPHA * BITS_WIDTH / family,
-                     label=f"p={p} position")
-    assert_binomial(int(matrix.sum(dtype=np.int64)), matrix.size, prob, alpha=ALPHA / family,
-                    label=f"p={p} total")
+    assert_binomials(
+        matrix.sum(axis=0),
+        BITS_ROWS,
+        prob,
+        alpha=ALPHA * BITS_WIDTH / family,
+        label=f"p={p} position",
+    )
+    assert_binomial(
+        int(matrix.sum(dtype=np.int64)),
+        matrix.size,
+        prob,
+        alpha=ALPHA / family,
+        label=f"p={p} total",
+    )
 
 
 @pytest.mark.parametrize("p", BITS_PROBS)
@@ -431,12 +449,15 @@ def test_bernoulli_bits_adjacent_independence(make_source: SourceFactory, p: flo
     """
     packed = make_source(800 + int(p * 1000)).bernoulli_bits(p, BITS_ROWS, BITS_WIDTH)
     matrix = np.unpackbits(packed, axis=1, count=BITS_WIDTH).astype(bool)
-    assert_contingency_independent(matrix[:, 0::2], matrix[:, 1::2], alpha=ALPHA / 3,
-                                   label=f"p={p} (2k, 2k+1)")
-    assert_contingency_independent(matrix[:, 1:-1:2], matrix[:, 2::2], alpha=ALPHA / 3,
-                                   label=f"p={p} (2k+1, 2k+2)")
-    assert_contingency_independent(matrix[0::2], matrix[1::2], alpha=ALPHA / 3,
-                                   label=f"p={p} rows (2i, 2i+1)")
+    assert_contingency_independent(
+        matrix[:, 0::2], matrix[:, 1::2], alpha=ALPHA / 3, label=f"p={p} (2k, 2k+1)"
+    )
+    assert_contingency_independent(
+        matrix[:, 1:-1:2], matrix[:, 2::2], alpha=ALPHA / 3, label=f"p={p} (2k+1, 2k+2)"
+    )
+    assert_contingency_independent(
+        matrix[0::2], matrix[1::2], alpha=ALPHA / 3, label=f"p={p} rows (2i, 2i+1)"
+    )
 
 
 def _bit_words(threshold: int, flip_at: int | None) -> Callable[[int], np.ndarray]:
@@ -487,8 +508,9 @@ def test_bernoulli_exp_probability(
     n = 500_000
     draws = make_source(900 + numerator).bernoulli_exp(np.full(n, numerator), denominator)
     assert draws.dtype == np.bool_ and draws.shape == (n,)
-    assert_binomial(draws.sum(), n, math.exp(-numerator / denominator),
-                    label=f"gamma={numerator}/{denominator}")
+    assert_binomial(
+        draws.sum(), n, math.exp(-numerator / denominator), label=f"gamma={numerator}/{denominator}"
+    )
 
 
 def test_bernoulli_exp_per_element(make_source: SourceFactory) -> None:
@@ -502,8 +524,13 @@ def test_bernoulli_exp_per_element(make_source: SourceFactory) -> None:
     assert draws.shape == (rows, numerators.size) and draws.dtype == np.bool_
     assert draws[:, 0].all()
     for column, numerator in enumerate(numerators[1:], start=1):
-        assert_binomial(draws[:, column].sum(), rows, math.exp(-numerator / 3),
-                        alpha=ALPHA / 7, label=f"gamma={numerator}/3")
+        assert_binomial(
+            draws[:, column].sum(),
+            rows,
+            math.exp(-numerator / 3),
+            alpha=ALPHA / 7,
+            label=f"gamma={numerator}/3",
+        )
 
 
 def test_bernoulli_exp_scalar_and_errors() -> None:
@@ -569,8 +596,9 @@ def test_discrete_laplace_reference_formulas() -> None:
     for s, t in LAPLACE_PARAMS:
         r = math.exp(-s / t)
         y = np.arange(-20, 21)
-        assert np.allclose(discrete_laplace_pmf(y, s, t), (1 - r) / (1 + r) * r ** np.abs(y),
-                           rtol=1e-12, atol=0)
+        assert np.allclose(
+            discrete_laplace_pmf(y, s, t), (1 - r) / (1 + r) * r ** np.abs(y), rtol=1e-12, atol=0
+        )
         second, _ = _laplace_moments(s, t)
         assert math.isclose(discrete_laplace_variance(s, t), second, rel_tol=1e-10)
 
@@ -593,9 +621,7 @@ def test_discrete_laplace_pmf_fit(make_source: SourceFactory, s: int, t: int) ->
 
 
 @pytest.mark.parametrize(("s", "t"), LAPLACE_PARAMS)
-def test_discrete_laplace_moments_and_symmetry(
-    make_source: SourceFactory, s: int, t: int
-) -> None:
+def test_discrete_laplace_moments_and_symmetry(make_source: SourceFactory, s: int, t: int) -> None:
     """Mean 0, E[Y^2] = discrete_laplace_variance, and sign symmetry.
 
     z-tests use the exact sd of the sample mean sqrt(Var / n) and of the sample
@@ -609,8 +635,11 @@ def test_discrete_laplace_moments_and_symmetry(
     as_float = values.astype(np.float64)
     assert_z(as_float.mean() / math.sqrt(variance / n), alpha=ALPHA / 3, label="mean")
     second = float(np.mean(as_float**2))
-    assert_z((second - variance) / math.sqrt((fourth - variance**2) / n), alpha=ALPHA / 3,
-             label="second moment")
+    assert_z(
+        (second - variance) / math.sqrt((fourth - variance**2) / n),
+        alpha=ALPHA / 3,
+        label="second moment",
+    )
     nonzero = values[values != 0]
     assert_binomial(int(np.sum(nonzero < 0)), nonzero.size, 0.5, alpha=ALPHA / 3, label="sign")
 
