@@ -80,9 +80,11 @@ class RandomSource:
         if np.any(bounds < 1):
             raise ValueError(f"integers() needs high >= 1, got {high!r}")
         shape = bounds.shape if size is None else (size,)
-        bounds = np.broadcast_to(bounds, shape)
         if self._rng is not None:
-            return self._rng.integers(0, bounds, size=shape, dtype=np.int64)
+            # A scalar bound takes numpy's fast path (Lemire's method, exactly uniform).
+            high_arg = int(bounds) if bounds.ndim == 0 else bounds
+            return self._rng.integers(0, high_arg, size=shape, dtype=np.int64)
+        bounds = np.broadcast_to(bounds, shape)
         # Rejection sampling: draw below the next power of two, keep what is < high.
         flat_bounds = bounds.reshape(-1)
         masks = _next_pow2_minus_one(flat_bounds)

@@ -21,8 +21,20 @@ import numpy as np
 
 from shared.mechanisms.base import IndexReports, as_index_array
 from shared.mechanisms.categorical import CategoricalMechanism, require_enumerable
-from shared.randomness import Rng, as_source
+from shared.randomness import RandomSource, Rng, as_source
 from shared.statistics import CountStatistics
+
+
+def k_ary_response(values: np.ndarray, k: int, p: float, source: RandomSource) -> np.ndarray:
+    """Report each value in 0..k-1 as itself with probability p, else another value uniformly.
+
+    Sampled in the equivalent two-step form: keep the value with probability
+    lam = (p k - 1) / (k - 1), otherwise report a uniform value of all k (itself
+    included), so P(itself) = lam + (1 - lam) / k = p and every other value has
+    (1 - p) / (k - 1).
+    """
+    keep = source.bernoulli((p * k - 1) / (k - 1), values.size)
+    return np.where(keep, values, source.integers(k, values.size))
 
 
 class GeneralizedRandomizedResponse(IndexReports, CategoricalMechanism):
@@ -38,11 +50,7 @@ class GeneralizedRandomizedResponse(IndexReports, CategoricalMechanism):
 
     def encode(self, values: np.ndarray, rng: Rng = None) -> np.ndarray:
         values = as_index_array(values, self.domain_size)
-        source = as_source(rng)
-        keep = source.bernoulli(self.p, values.size)
-        # Any other value, uniformly: shift by 1 + Uniform{0..d-2} modulo d.
-        other = values + 1 + source.integers(self.domain_size - 1, values.size)
-        return np.where(keep, values, other % self.domain_size)
+        return k_ary_response(values, self.domain_size, self.p, as_source(rng))
 
     def check_reports(self, reports: np.ndarray) -> np.ndarray:
         return as_index_array(reports, self.domain_size, "reported value")

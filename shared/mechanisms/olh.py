@@ -43,6 +43,7 @@ import numpy as np
 
 from shared.mechanisms.base import as_index_array, check_integer_field
 from shared.mechanisms.categorical import CategoricalMechanism, require_enumerable
+from shared.mechanisms.grr import k_ary_response
 from shared.randomness import Rng, as_source
 from shared.schemas import MechanismSpec
 from shared.statistics import CountStatistics
@@ -90,9 +91,8 @@ class OptimizedLocalHashing(CategoricalMechanism):
         a = 1 + source.integers(self.prime - 1, values.size)
         b = source.integers(self.prime, values.size)
         hashed = self.hash(a, b, values)
-        keep = source.bernoulli(self.p, values.size)
-        other = (hashed + 1 + source.integers(self.buckets - 1, values.size)) % self.buckets
-        return np.stack([a, b, np.where(keep, hashed, other)], axis=1)
+        y = k_ary_response(hashed, self.buckets, self.p, source)
+        return np.stack([a, b, y], axis=1)
 
     def check_reports(self, reports: np.ndarray) -> np.ndarray:
         array = np.asarray(reports)

@@ -31,41 +31,58 @@ from shared.mechanisms.categorical import CategoricalMechanism, require_enumerab
 from shared.randomness import Rng, as_source
 from shared.statistics import CountStatistics
 
-#: Rows summed at once by ``bit_sums`` (a multiple of 128), so memory stays bounded.
-_BIT_SUM_CHUNK_ROWS = 1 << 14
-_BYTE_LANES = np.uint64(0x0101010101010101)
+#: Bytes of packed rows summed at once by ``bit_sums`` (fits in cache; memory stays bounded).
+_BIT_SUM_CHUNK_BYTES = 1 << 20
+#: Levels of the adder tree: 2^10 rows are summed into 11 bit planes before widening.
+_BIT_SUM_LEVELS = 10
 
 
 def bit_sums(packed: np.ndarray, bits: int) -> np.ndarray:
     """Column sums of a packed bit matrix: ``np.unpackbits(packed, axis=1, count=bits).sum(0)``.
 
-    Computed without unpacking, SIMD-within-a-register style: the rows are read
-    as 64-bit words; ``(word >> k) & 0x0101...01`` puts bit k of each of the 8
-    bytes in its own byte lane, and adding rows in a halving tree (7 levels)
-    sums 128 rows per lane with no carry between lanes (a lane holds <= 128 <
-    256). Only then are the lanes widened to int64. About 3x faster than
-    unpacking, and memory stays bounded by chunking rows.
+    Computed without unpacking every bit: rows are read as 64-bit words (64
+    columns per word) and added pairwise in a tree of bitwise ripple-carry
+    adders, so after L levels each group of 2^L rows is a (L + 1)-bit count per
+    column held in L + 1 bit planes. Level j costs about 5 j word operations per
+    pair of j-plane numbers, about 7 per input word in all, against 64 bit
+    operations to unpack it. Only the planes are unpacked and weighted by 2^i.
     """
     rows, row_bytes = packed.shape
     padded_bytes = (row_bytes + 7) // 8 * 8
-    sums = np.zeros((8, padded_bytes), dtype=np.int64)  # [bit k from the least significant, byte]
-    for start in range(0, rows, _BIT_SUM_CHUNK_ROWS):
-        chunk = packed[start : start + _BIT_SUM_CHUNK_ROWS]
-        height = -(-chunk.shape[0] // 128) * 128
+    chunk_rows = max(1 << _BIT_SUM_LEVELS, _BIT_SUM_CHUNK_BYTES // padded_bytes)
+    sums = np.zeros(padded_bytes * 8, dtype=np.int64)
+    for start in range(0, rows, chunk_rows):
+        chunk = packed[start : start + chunk_rows]
+        levels = min(_BIT_SUM_LEVELS, max(1, (chunk.shape[0] - 1).bit_length()))
+        height = -(-chunk.shape[0] // (1 << levels)) << levels
         block = np.zeros((height, padded_bytes), dtype=np.uint8)
         block[: chunk.shape[0], :row_bytes] = chunk
-        words = block.view(np.uint64)
-        lanes = np.empty_like(words)
-        for k in range(8):
-            np.right_shift(words, np.uint64(k), out=lanes)
-            lanes &= _BYTE_LANES
-            tree = lanes
-            for _ in range(7):
-                half = tree.shape[0] // 2
-                tree = tree[:half] + tree[half:]
-            sums[k] += tree.view(np.uint8).reshape(-1, padded_bytes).sum(axis=0, dtype=np.int64)
-    # Bit k (least significant first) of byte j is bit 8 j + 7 - k in packbits' big order.
-    return sums[::-1, :row_bytes].T.reshape(-1)[:bits]
+        planes = [block.view(np.uint64)]
+        for _ in range(levels):
+            planes = _add_halves(planes)
+        for weight, plane in enumerate(planes):
+            column_bits = np.unpackbits(plane.view(np.uint8), axis=1)
+            sums += column_bits.sum(axis=0, dtype=np.int64) << weight
+    return sums[:bits]
+
+
+def _add_halves(planes: list[np.ndarray]) -> list[np.ndarray]:
+    """Add the top half of the rows to the bottom half, bitwise: k planes in, k + 1 out."""
+    half = planes[0].shape[0] // 2
+    result: list[np.ndarray] = []
+    carry: np.ndarray | None = None
+    for plane in planes:
+        a, b = plane[:half], plane[half:]
+        partial = a ^ b
+        if carry is None:
+            result.append(partial)
+            carry = a & b
+        else:
+            result.append(partial ^ carry)
+            carry = (a & b) | (partial & carry)
+    assert carry is not None
+    result.append(carry)
+    return result
 
 
 class UnaryEncoding(CategoricalMechanism):
