@@ -130,10 +130,10 @@ def as_index_array(values: np.ndarray, size: int, what: str = "value") -> np.nda
                 f"{what} {array[position].item()!r} at position {position} is not an integer"
                 " category index"
             )
-    bad = np.flatnonzero((array < 0) | (array >= size))
-    if bad.size:
+    if array.size and (array.min() < 0 or array.max() >= size):
+        bad = np.flatnonzero((array < 0) | (array >= size))
         raise ValueError(
             f"{what} {array[bad[0]].item()!r} at position {bad[0]} is outside the domain "
             f"0..{size - 1} ({bad.size} out of range)"
         )
-    return array.astype(np.int64)
+    return np.asarray(array, dtype=np.int64)

@@ -28,7 +28,9 @@ the v = a^-1 (t - b) mod P with t = y (mod g), t < P, keeping v < d. As t steps
 by g, v steps by s = a^-1 g mod P, so the supported items form an arithmetic
 progression modulo P; the aggregate walks all reports in lockstep along their
 progressions, one ``np.bincount`` per step: O(n P / g) integer work, in chunks
-of reports so memory is bounded whatever n is.
+of reports so memory is bounded whatever n is. For small domains it is cheaper
+to histogram the reports by (a, b, y) and test each of the (P - 1) P hash
+functions once: O(n + P^2 d).
 
 Report: int64 rows (a, b, y). Payload: ``{"a": int, "b": int, "value": int}``.
 Sufficient statistics: the support counts C_v.
@@ -50,6 +52,8 @@ from shared.statistics import CountStatistics
 
 #: Reports walked at once in ``aggregate``.
 _AGGREGATE_CHUNK = 1 << 18
+#: Largest (P - 1) P d table of hash values built for small domains.
+_MAX_HASH_TABLE = 1 << 22
 
 
 def smallest_prime_at_least(n: int) -> int:
@@ -98,15 +102,19 @@ class OptimizedLocalHashing(CategoricalMechanism):
         array = np.asarray(reports)
         if array.ndim != 2 or array.shape[1] != 3 or not np.issubdtype(array.dtype, np.integer):
             raise ValueError(f"OLH reports must be integer rows (a, b, y), got shape {array.shape}")
-        array = array.astype(np.int64)
-        bounds = np.array([[1, 0, 0], [self.prime - 1, self.prime - 1, self.buckets - 1]])
-        bad_rows = np.flatnonzero(((array < bounds[0]) | (array > bounds[1])).any(axis=1))
-        if bad_rows.size:
-            row = bad_rows[0]
-            field = int(np.flatnonzero((array[row] < bounds[0]) | (array[row] > bounds[1]))[0])
+        array = np.asarray(array, dtype=np.int64)
+        low = np.array([1, 0, 0])
+        high = np.array([self.prime - 1, self.prime - 1, self.buckets - 1])
+        columns = range(3)
+        if array.size and any(
+            array[:, j].min() < low[j] or array[:, j].max() > high[j] for j in columns
+        ):
+            bad = (array < low) | (array > high)
+            row = int(np.flatnonzero(bad.any(axis=1))[0])
+            field = int(np.flatnonzero(bad[row])[0])
             raise ValueError(
                 f"report {row}: {('a', 'b', 'value')[field]} = {array[row, field]} is outside "
-                f"{bounds[0, field]}..{bounds[1, field]}"
+                f"{low[field]}..{high[field]}"
             )
         return array
 
@@ -115,20 +123,46 @@ class OptimizedLocalHashing(CategoricalMechanism):
 
     def aggregate(self, reports: np.ndarray) -> CountStatistics:
         reports = self.check_reports(reports)
+        n, prime, d = reports.shape[0], self.prime, self.domain_size
+        hash_table_size = (prime - 1) * prime * d
+        if hash_table_size <= _MAX_HASH_TABLE and hash_table_size < n * prime // self.buckets:
+            support = self._support_by_hash_table(reports)
+        else:
+            support = self._support_by_progressions(reports)
+        return CountStatistics(n, support)
+
+    def _support_by_hash_table(self, reports: np.ndarray) -> np.ndarray:
+        """Small domains: histogram the reports by (a, b, y), then test every hash once.
+
+        C_v = sum over hash functions (a, b) of #reports (a, b, H_{a,b}(v)):
+        O(n + (P - 1) P d), cheaper than walking progressions when P^2 d << n P / g.
+        """
+        prime, g, d = self.prime, self.buckets, self.domain_size
+        a, b, y = reports.T
+        histogram = np.bincount(((a - 1) * prime + b) * g + y, minlength=(prime - 1) * prime * g)
+        a_all, b_all = np.divmod(np.arange((prime - 1) * prime), prime)
+        hashed = self.hash(a_all[:, None] + 1, b_all[:, None], np.arange(d)[None, :])
+        per_hash = histogram.reshape(-1, g)
+        return per_hash[np.arange(per_hash.shape[0])[:, None], hashed].sum(axis=0)
+
+    def _support_by_progressions(self, reports: np.ndarray) -> np.ndarray:
+        """Large domains: walk each report's supported items, an arithmetic progression mod P."""
         prime, g = self.prime, self.buckets
         support = np.zeros(prime, dtype=np.int64)
         for start in range(0, reports.shape[0], _AGGREGATE_CHUNK):
             a, b, y = reports[start : start + _AGGREGATE_CHUNK].T
             inverse = _inverse_mod(a, prime)
             position = inverse * ((y - b) % prime) % prime  # v for t = y
-            step = inverse * (g % prime) % prime  # v advances by this when t advances by g
+            # v advances by a^-1 g mod P when t advances by g; kept as that minus P so that
+            # one addition leaves v in [-P, P) and a sign mask brings it back to [0, P).
+            step_less_prime = inverse * (g % prime) % prime - prime
             terms = np.where(y < prime, (prime - 1 - y) // g + 1, 0)  # t = y, y+g, ... < P
             for k in range(int(terms.max(initial=0))):
                 live = position if k < terms.min() else position[terms > k]
                 support += np.bincount(live, minlength=prime)
-                position += step
-                position -= prime * (position >= prime)
-        return CountStatistics(reports.shape[0], support[: self.domain_size])
+                position += step_less_prime
+                position += prime & (position >> 63)  # arithmetic shift: all ones if < 0
+        return support[: self.domain_size]
 
     def support_counts(self, stats: CountStatistics) -> np.ndarray:
         return stats.counts
