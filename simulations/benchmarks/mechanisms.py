@@ -24,12 +24,16 @@ prints one row:
   Var[f_v] = q (1 - q) / (n (p - q)^2) + f_v (1 - p - q) / (n (p - q)) at the
   users' true frequencies f_v (the mechanism's own p and q). Numeric:
   (mean_hat - mean)^2 / (mean_i report_variance(x_i) / n). Runs repeat until
-  ``MIN_TERMS`` squared errors or the ``--mse-budget`` seconds per cell; the
-  ratio should be 1 (target band 0.9-1.1) and ``se`` is its standard error:
-  from the spread of the per-run ratios when there are at least 10 runs (this is
-  right even when the errors of one run are correlated across categories, as at
-  d = 2), otherwise sqrt(2 / terms), its value under the theory when the terms
-  are independent.
+  ``MIN_TERMS`` effective squared-error terms or the ``--mse-budget`` seconds
+  per cell. ``terms`` counts effective terms: (sum_v Var_v)^2 / sum_v Var_v^2
+  per run, which is d when all categories have the same variance and less when
+  a few head categories dominate (large eps, where the f_v term of the variance
+  matters). The ratio should be 1 (target band 0.9-1.1); ``se`` is its standard
+  error, conservatively: the theory's sqrt(2 sum_v Var_v^2) / sum_v Var_v per
+  run (about sqrt(2 / terms)), or, with at least ``EMPIRICAL_UNITS`` runs, the
+  larger of that and the spread of the per-run ratios (which is right even when
+  the errors of one run are correlated across categories, as at d = 2); see
+  ``ratio_and_error``.
 * ``grp/var``: the same ratio per group of users, for precision where one run
   has few terms (small d, numeric): each run's users are split into
   consecutive groups (at least ``MIN_GROUP`` users, about ``GROUP_TERMS``
@@ -85,6 +89,8 @@ OLH_TARGET_N = 10**6
 OLH_TARGET_D = 1024
 MSE_BAND = (0.9, 1.1)
 MIN_TERMS = 2000
+#: Independent runs (or groups) from which the standard error is estimated empirically.
+EMPIRICAL_UNITS = 20
 #: Squared-error terms per run wanted from the group ratio, and the least users in a group.
 GROUP_TERMS = 4000
 MIN_GROUP = 1000
@@ -204,20 +210,45 @@ def chunk_size(mechanism: Mechanism[Any, Any], probe: np.ndarray, n: int, multip
     return max(multiple, size // multiple * multiple)
 
 
-def reference(mechanism: Mechanism[Any, Any], users: np.ndarray) -> tuple[np.ndarray, float]:
-    """The users' true frequencies (or mean) and the mean analytical variance of the estimates.
+@dataclass
+class Reference:
+    """The users' true frequencies (or mean) and the analytical variance of each estimate.
 
-    Categorical: Var[f_v] = q (1 - q) / (n (p - q)^2) + f_v (1 - p - q) / (n (p - q)),
-    averaged over categories. Numeric: mean_i report_variance(x_i) / n.
+    Categorical: Var[f_v] = q (1 - q) / (n (p - q)^2) + f_v (1 - p - q) / (n (p - q)).
+    Numeric: mean_i report_variance(x_i) / n, as a 1-vector.
     """
-    n = users.size
-    if isinstance(mechanism, CategoricalMechanism):
-        p, q = mechanism.p, mechanism.q
-        f = np.bincount(users, minlength=mechanism.domain_size) / n
-        variances = q * (1 - q) / (n * (p - q) ** 2) + f * (1 - p - q) / (n * (p - q))
-        return f, float(variances.mean())
-    assert isinstance(mechanism, NumericMechanism)
-    return np.array([float(np.mean(users))]), float(np.mean(mechanism.report_variance(users))) / n
+
+    truth: np.ndarray
+    variances: np.ndarray
+
+    @classmethod
+    def of(cls, mechanism: Mechanism[Any, Any], users: np.ndarray) -> Reference:
+        n = users.size
+        if isinstance(mechanism, CategoricalMechanism):
+            p, q = mechanism.p, mechanism.q
+            f = np.bincount(users, minlength=mechanism.domain_size) / n
+            return cls(f, q * (1 - q) / (n * (p - q) ** 2) + f * (1 - p - q) / (n * (p - q)))
+        assert isinstance(mechanism, NumericMechanism)
+        variance = float(np.mean(mechanism.report_variance(users))) / n
+        return cls(np.array([float(np.mean(users))]), np.array([variance]))
+
+    def ratio(self, estimate: np.ndarray) -> float:
+        """Mean squared error of ``estimate`` over the mean analytical variance."""
+        return float(np.mean((estimate - self.truth) ** 2) / np.mean(self.variances))
+
+    @property
+    def null_se(self) -> float:
+        """Std of ``ratio`` under the theory with independent Gaussian errors.
+
+        sqrt(2 sum var_v^2) / sum var_v, which is sqrt(2 / d) when all variances are
+        equal and larger when a few categories dominate (Zipf heads at large eps).
+        """
+        return float(math.sqrt(2.0 * np.sum(self.variances**2)) / np.sum(self.variances))
+
+    @property
+    def effective_terms(self) -> float:
+        """(sum var_v)^2 / sum var_v^2: the count of equal-variance terms worth as much."""
+        return 2.0 / self.null_se**2
 
 
 def estimated(estimate: Any) -> np.ndarray:
@@ -229,20 +260,22 @@ def estimated(estimate: Any) -> np.ndarray:
 
 @dataclass
 class Groups:
-    """``count`` disjoint groups of ``size`` consecutive users, with their truths and variances."""
+    """``count`` disjoint groups of ``size`` consecutive users, with their references."""
 
     size: int
     count: int
-    truths: list[np.ndarray]
-    variances: np.ndarray
+    references: list[Reference]
 
     @classmethod
     def plan(cls, mechanism: Mechanism[Any, Any], users: np.ndarray, outputs: int) -> Groups:
         """Enough groups for ``GROUP_TERMS`` squared errors per run, of at least ``MIN_GROUP``."""
         count = max(1, min(users.size // MIN_GROUP, math.ceil(GROUP_TERMS / outputs)))
         size = users.size // count
-        references = [reference(mechanism, users[i * size : (i + 1) * size]) for i in range(count)]
-        return cls(size, count, [r[0] for r in references], np.array([r[1] for r in references]))
+        return cls(
+            size,
+            count,
+            [Reference.of(mechanism, users[i * size : (i + 1) * size]) for i in range(count)],
+        )
 
 
 def one_run(
@@ -251,16 +284,17 @@ def one_run(
     rng: np.random.Generator,
     chunk: int,
     groups: Groups | None = None,
-) -> tuple[Any, float, float, list[float]]:
+) -> tuple[Any, float, float, list[tuple[float, float]]]:
     """Encode and aggregate all users in chunks.
 
     Returns the estimate, the encode and aggregate seconds, and (untimed, when
     ``groups`` is given and has more than one group) each group's ratio of mean
-    squared error to mean analytical variance, from aggregating its reports alone.
+    squared error to mean analytical variance, from aggregating its reports alone,
+    with the ratio's null standard error.
     """
     encode_seconds = aggregate_seconds = 0.0
     stats = mechanism.empty_statistics()
-    group_ratios: list[float] = []
+    group_ratios: list[tuple[float, float]] = []
     for start in range(0, users.size, chunk):
         part = users[start : start + chunk]
         t0 = time.perf_counter()
@@ -275,8 +309,9 @@ def one_run(
             for g in range(first, min(groups.count, first + part.size // groups.size)):
                 offset = g * groups.size - start
                 rows = reports[offset : offset + groups.size]
-                errors = estimated(mechanism.estimate(mechanism.aggregate(rows))) - groups.truths[g]
-                group_ratios.append(float(np.mean(errors**2)) / groups.variances[g])
+                group_estimate = estimated(mechanism.estimate(mechanism.aggregate(rows)))
+                ref = groups.references[g]
+                group_ratios.append((ref.ratio(group_estimate), ref.null_se))
         del reports
     t0 = time.perf_counter()
     estimate = mechanism.estimate(stats)
@@ -284,18 +319,26 @@ def one_run(
     return estimate, encode_seconds, aggregate_seconds, group_ratios
 
 
-def ratio_and_error(per_unit: np.ndarray, terms: int) -> tuple[float, float]:
-    """Mean of per-run (or per-group) MSE ratios and its standard error.
+def ratio_and_error(units: list[tuple[float, float]]) -> tuple[float, float]:
+    """Mean of per-run (or per-group) MSE ratios and a conservative standard error.
 
-    With at least 10 independent units, the error is their sample std / sqrt(units),
-    right whatever the correlation between the categories of one unit. With fewer,
-    it is the chi-square figure sqrt(2 / terms) under the theory (ratio 1), which
-    assumes the terms are independent.
+    ``units`` holds (ratio, theory's std error) of independent runs or groups.
+    The theory's error of the mean is sqrt(sum se^2) / units; it assumes the
+    categories of a unit are independent, which GRR's are not at d = 2 (its two
+    errors are exactly opposite). With at least ``EMPIRICAL_UNITS`` units the
+    error is the largest of that, the sample std / sqrt(units), and the same
+    scaled to a ratio of 1 (sample std / sqrt(units) / ratio): per-unit ratios are
+    skewed, chi-square-like, with a std proportional to their mean, so a sample
+    whose mean came out low also has a small sample std, which would make a
+    chance low ratio look significant.
     """
-    ratio = float(per_unit.mean())
-    if per_unit.size >= 10:
-        return ratio, float(per_unit.std(ddof=1) / math.sqrt(per_unit.size))
-    return ratio, math.sqrt(2.0 / terms)
+    ratios = np.array([ratio for ratio, _ in units])
+    ratio = float(ratios.mean())
+    theory = float(math.sqrt(sum(se * se for _, se in units)) / ratios.size)
+    if ratios.size < EMPIRICAL_UNITS:
+        return ratio, theory
+    empirical = float(ratios.std(ddof=1) / math.sqrt(ratios.size))
+    return ratio, max(theory, empirical, empirical / ratio if ratio > 0 else math.inf)
 
 
 def measure_ours(
@@ -310,9 +353,9 @@ def measure_ours(
     chunk = chunk_size(mechanism, users[:256], users.size, groups.size)
     one_run(mechanism, users[: min(users.size, 4096)], rng, chunk)  # warm-up, untimed
 
-    true_values, mean_variance = reference(mechanism, users)
-    per_run: list[float] = []
-    per_group: list[float] = []
+    full = Reference.of(mechanism, users)
+    per_run: list[tuple[float, float]] = []
+    per_group: list[tuple[float, float]] = []
     encode_times: list[float] = []
     aggregate_times: list[float] = []
     started = time.perf_counter()
@@ -323,21 +366,20 @@ def measure_ours(
         )
         encode_times.append(encode_seconds)
         aggregate_times.append(aggregate_seconds)
-        per_run.append(float(np.mean((estimated(estimate) - true_values) ** 2)) / mean_variance)
+        per_run.append((full.ratio(estimated(estimate)), full.null_se))
         per_group.extend(ratios)
         now = time.perf_counter()
-        if len(per_run) * outputs >= MIN_TERMS or (now - started) + (now - pass_start) > budget:
+        enough = len(per_run) * full.effective_terms >= MIN_TERMS
+        if enough or (now - started) + (now - pass_start) > budget:
             break
     runs = len(per_run)
-    result.runs, result.terms = runs, runs * outputs
+    result.runs, result.terms = runs, round(runs * full.effective_terms)
     result.encode_rate = users.size / min(encode_times)  # best run: least disturbed
     result.aggregate_rate = users.size / min(aggregate_times)
-    result.mse_ratio, result.mse_se = ratio_and_error(np.array(per_run), result.terms)
+    result.mse_ratio, result.mse_se = ratio_and_error(per_run)
     if per_group:
         result.group_size = groups.size
-        result.group_ratio, result.group_se = ratio_and_error(
-            np.array(per_group), len(per_group) * outputs
-        )
+        result.group_ratio, result.group_se = ratio_and_error(per_group)
     if result.mechanism == "auto":
         assert result.domain is not None
         chosen = mechanism.variance(users.size)
@@ -534,9 +576,15 @@ def summary(results: list[CellResult], peer_failures: list[str], have_peers: boo
 
 
 def write_output(path: Path, results: list[CellResult]) -> None:
+    """Rows as JSON (NaN as null) when the suffix is .json, else as CSV."""
     rows = [r.flat() for r in results]
     if path.suffix.lower() == ".json":
-        path.write_text(json.dumps(rows, indent=2, default=float))
+
+        def finite(value: Any) -> Any:
+            return None if isinstance(value, float) and not math.isfinite(value) else value
+
+        clean = [{key: finite(value) for key, value in row.items()} for row in rows]
+        path.write_text(json.dumps(clean, indent=2))
         return
     with path.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]) if rows else [])
