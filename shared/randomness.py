@@ -121,8 +121,7 @@ class RandomSource:
         instead of one 53-bit draw per bit.
         """
         nbytes = (bits + 7) // 8
-        nwords = (nbytes + 7) // 8
-        total = rows * nwords
+        total = (rows * nbytes + 7) // 8  # rows are laid end to end: no word is shared waste
         threshold = int(threshold53(p))
         result = np.zeros(total, dtype=np.uint64)
         if threshold == _BITS53:
@@ -130,7 +129,7 @@ class RandomSource:
         elif threshold > 0:
             for start in range(0, total, _BLOCK_WORDS):  # cache-sized blocks
                 _lazy_compare(self, threshold, result[start : start + _BLOCK_WORDS])
-        packed = result.view(np.uint8).reshape(rows, nwords * 8)[:, :nbytes].copy()
+        packed = result.view(np.uint8)[: rows * nbytes].reshape(rows, nbytes)
         _clear_padding(packed, bits)
         return packed
 

@@ -97,11 +97,11 @@ class UnaryEncoding(CategoricalMechanism):
         source = as_source(rng)
         reports = source.bernoulli_bits(self.q, values.size, self.domain_size)
         true_bits = source.bernoulli(self.p, values.size)
-        rows = np.arange(values.size)
-        byte = values >> 3
-        mask = (np.uint8(0x80) >> (values & 7).astype(np.uint8)).astype(np.uint8)
-        current = reports[rows, byte]
-        reports[rows, byte] = np.where(true_bits, current | mask, current & ~mask)
+        flat = reports.reshape(-1)
+        index = np.arange(0, values.size * self.row_bytes, self.row_bytes) + (values >> 3)
+        mask = np.right_shift(0x80, values & 7).astype(np.uint8)
+        current = flat[index]
+        flat[index] = np.where(true_bits, current | mask, current & ~mask)
         return reports
 
     def check_reports(self, reports: np.ndarray) -> np.ndarray:
