@@ -3,6 +3,12 @@
 ``MechanismSpec`` is the privacy promise of a metric: which mechanism, at which
 epsilon, over which domain. It is public (anyone may audit it) and it is all a
 device needs to perturb a value and all the server needs to debias the reports.
+
+Mechanisms come in three kinds: categorical (values are indices 0..d-1),
+numeric (values are reals clipped to [lower, upper]) and string (``rappor``:
+values are strings, hashed into a Bloom filter; the spec carries the Bloom
+filter and the randomized-response probabilities instead of an epsilon, and
+epsilon is derived from them, see ``rappor_epsilon_one``).
 """
 
 from __future__ import annotations
@@ -14,12 +20,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 CategoricalName: TypeAlias = Literal["grr", "sue", "oue", "olh", "hr", "auto"]
 NumericName: TypeAlias = Literal["laplace", "duchi", "piecewise"]
+StringName: TypeAlias = Literal["rappor"]
 MechanismName: TypeAlias = Literal[
-    "grr", "sue", "oue", "olh", "hr", "auto", "laplace", "duchi", "piecewise"
+    "grr", "sue", "oue", "olh", "hr", "auto", "laplace", "duchi", "piecewise", "rappor"
 ]
 
 CATEGORICAL_MECHANISMS: frozenset[str] = frozenset(CategoricalName.__args__)  # type: ignore[attr-defined]
 NUMERIC_MECHANISMS: frozenset[str] = frozenset(NumericName.__args__)  # type: ignore[attr-defined]
+#: Mechanisms whose values are strings (encode takes cohorts and per-device secrets).
+STRING_MECHANISMS: frozenset[str] = frozenset(StringName.__args__)  # type: ignore[attr-defined]
+#: The fields only ``rappor`` takes, and that ``rappor`` requires.
+RAPPOR_FIELDS: tuple[str, ...] = ("num_bits", "num_hashes", "num_cohorts", "f", "p", "q")
 
 #: Largest epsilon a spec may carry. Beyond it local noise is negligible and
 #: e^epsilon-sized parameters (OLH's bucket count) stop fitting in 64 bits.
@@ -28,6 +39,55 @@ MAX_EPSILON = 20.0
 MAX_DOMAIN_SIZE = 1 << 20
 #: Largest grid for the discrete-Laplace mechanism.
 MAX_GRID_STEPS = 1 << 16
+#: Largest RAPPOR Bloom filter (bits per report).
+MAX_NUM_BITS = 4096
+#: Most RAPPOR hash functions: each is one byte of an MD5 digest (16 bytes).
+MAX_NUM_HASHES = 16
+#: Most RAPPOR cohorts.
+MAX_NUM_COHORTS = 1 << 16
+#: Largest RAPPOR statistics: num_cohorts * (num_bits + 1) counts (32 MiB of int64).
+MAX_RAPPOR_CELLS = 1 << 22
+
+
+def rappor_report_probabilities(f: float, p: float, q: float) -> tuple[float, float]:
+    """``(p*, q*)``: P(reported bit = 1) when the Bloom bit is 0, and when it is 1.
+
+    The permanent randomized response keeps a Bloom bit with probability 1 - f
+    and otherwise sets it to 1 or 0 with probability f/2 each; the instantaneous
+    one reports 1 with probability q if the permanent bit is 1, p if it is 0.
+    So (Erlingsson, Pihur, Korolova, CCS 2014, Section 3)
+
+        q* = f (p + q) / 2 + (1 - f) q,    p* = f (p + q) / 2 + (1 - f) p.
+    """
+    shared = f * (p + q) / 2
+    return shared + (1 - f) * p, shared + (1 - f) * q
+
+
+def rappor_epsilon_one(num_hashes: int, f: float, p: float, q: float) -> float:
+    """Epsilon of one RAPPOR report: ``h ln(q* (1 - p*) / (p* (1 - q*)))``.
+
+    Two values' Bloom filters differ in at most h bits set in one and h in the
+    other; each reported bit is an independent randomized response with
+    P(1 | bit 1) = q*, P(1 | bit 0) = p*, so the likelihood ratio is at most
+    (q* / p*)^h ((1 - p*) / (1 - q*))^h (tight when num_bits >= 2 h). Infinite
+    when p* = 0 or q* = 1.
+    """
+    p_star, q_star = rappor_report_probabilities(f, p, q)
+    if p_star <= 0.0 or q_star >= 1.0:
+        return math.inf
+    return num_hashes * math.log(q_star * (1 - p_star) / (p_star * (1 - q_star)))
+
+
+def rappor_epsilon_infinity(num_hashes: int, f: float) -> float:
+    """Lifetime epsilon of one value: ``2 h ln((1 - f/2) / (f/2))`` (infinite for f = 0).
+
+    The permanent randomized response is memoized, so any number of reports of
+    the same value are post-processing of one PRR, whose per-bit likelihood
+    ratio is (1 - f/2) / (f/2) over at most 2 h differing Bloom bits.
+    """
+    if f <= 0.0:
+        return math.inf
+    return 2 * num_hashes * math.log((1 - f / 2) / (f / 2))
 
 
 class MechanismSpec(BaseModel):
@@ -38,16 +98,29 @@ class MechanismSpec(BaseModel):
     mechanisms (``laplace``, ``duchi``, ``piecewise``) take ``lower`` < ``upper``,
     the clipping range; ``laplace`` also takes ``grid_steps``, the number of grid
     intervals the clipped range is rounded to (default 1024).
+
+    ``rappor`` takes ``num_bits`` (k), ``num_hashes`` (h), ``num_cohorts`` (m),
+    ``f``, ``p`` and ``q``, all required, e.g. ``{"mechanism": "rappor",
+    "num_bits": 32, "num_hashes": 1, "num_cohorts": 64, "f": 0.5, "p": 0.25,
+    "q": 0.75}``. Its ``epsilon`` is the per-report epsilon_one these imply
+    (``rappor_epsilon_one``): omit it and it is filled in; give it and it must
+    agree (relative 1e-9). Every other mechanism requires ``epsilon``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     mechanism: MechanismName = Field(description="Wire name of the mechanism.")
-    epsilon: float = Field(
+    # Typed float for every caller: it is required for every mechanism but rappor,
+    # whose validator fills it in, so the default None never survives validation.
+    epsilon: float = Field(  # type: ignore[assignment]
+        default=None,
         gt=0.0,
         le=MAX_EPSILON,
         allow_inf_nan=False,
-        description="Privacy budget of one report (pure epsilon-LDP).",
+        description=(
+            "Privacy budget of one report (pure epsilon-LDP). Required, except for rappor, "
+            "where it is derived from num_hashes, f, p and q."
+        ),
     )
     domain_size: int | None = Field(
         default=None,
@@ -67,8 +140,54 @@ class MechanismSpec(BaseModel):
         le=MAX_GRID_STEPS,
         description="Grid intervals of [lower, upper] for the laplace mechanism.",
     )
+    num_bits: int | None = Field(
+        default=None, ge=1, le=MAX_NUM_BITS, description="RAPPOR: Bloom filter bits k."
+    )
+    num_hashes: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_NUM_HASHES,
+        description="RAPPOR: hash functions h (bits set per value).",
+    )
+    num_cohorts: int | None = Field(
+        default=None, ge=1, le=MAX_NUM_COHORTS, description="RAPPOR: cohorts m."
+    )
+    f: float | None = Field(
+        default=None,
+        ge=0.0,
+        lt=1.0,
+        allow_inf_nan=False,
+        description="RAPPOR: probability that the permanent response replaces a Bloom bit.",
+    )
+    p: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="RAPPOR: P(reported 1 | permanent bit 0).",
+    )
+    q: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="RAPPOR: P(reported 1 | permanent bit 1).",
+    )
 
-    @field_validator("epsilon", "lower", "upper", "domain_size", "grid_steps", mode="before")
+    @field_validator(
+        "epsilon",
+        "lower",
+        "upper",
+        "domain_size",
+        "grid_steps",
+        "num_bits",
+        "num_hashes",
+        "num_cohorts",
+        "f",
+        "p",
+        "q",
+        mode="before",
+    )
     @classmethod
     def _not_bool(cls, value: object, info: ValidationInfo) -> object:
         if isinstance(value, bool):
@@ -78,6 +197,13 @@ class MechanismSpec(BaseModel):
     @model_validator(mode="after")
     def _fits_mechanism(self) -> MechanismSpec:
         name = self.mechanism
+        if name in STRING_MECHANISMS:
+            return self._fits_rappor()
+        if self.epsilon is None:
+            raise ValueError(f"epsilon is required for the {name!r} mechanism")
+        for field in RAPPOR_FIELDS:
+            if getattr(self, field) is not None:
+                raise ValueError(f"{field} applies only to the 'rappor' mechanism, not {name!r}")
         if name in CATEGORICAL_MECHANISMS:
             if self.domain_size is None:
                 raise ValueError(f"domain_size is required for the {name!r} mechanism")
@@ -101,6 +227,53 @@ class MechanismSpec(BaseModel):
                 raise ValueError(f"grid_steps applies only to 'laplace', not {name!r}")
         return self
 
+    def _fits_rappor(self) -> MechanismSpec:
+        """Require the six RAPPOR fields, refuse the others, derive or check epsilon."""
+        name = self.mechanism
+        for field in ("domain_size", "lower", "upper", "grid_steps"):
+            if getattr(self, field) is not None:
+                raise ValueError(f"{field} does not apply to the {name!r} mechanism")
+        missing = [field for field in RAPPOR_FIELDS if getattr(self, field) is None]
+        if missing:
+            verb = "is" if len(missing) == 1 else "are"
+            raise ValueError(f"{', '.join(missing)} {verb} required for the {name!r} mechanism")
+        assert self.num_bits is not None and self.num_hashes is not None
+        assert self.num_cohorts is not None
+        assert self.f is not None and self.p is not None and self.q is not None
+        if not self.p < self.q:
+            raise ValueError(f"p must be < q, got p={self.p}, q={self.q}")
+        cells = self.num_cohorts * (self.num_bits + 1)
+        if cells > MAX_RAPPOR_CELLS:
+            raise ValueError(
+                f"num_cohorts * (num_bits + 1) = {cells} counts exceeds {MAX_RAPPOR_CELLS}; "
+                "use fewer cohorts or bits"
+            )
+        derived = rappor_epsilon_one(self.num_hashes, self.f, self.p, self.q)
+        if not derived <= MAX_EPSILON:
+            raise ValueError(
+                f"epsilon_one = {derived} implied by num_hashes={self.num_hashes}, f={self.f}, "
+                f"p={self.p}, q={self.q} exceeds {MAX_EPSILON}; raise f or bring p and q closer"
+            )
+        if self.epsilon is None:
+            # Frozen model: set the derived field once, here, during validation.
+            object.__setattr__(self, "epsilon", derived)
+        elif not math.isclose(self.epsilon, derived, rel_tol=1e-9, abs_tol=0.0):
+            raise ValueError(
+                f"epsilon = {self.epsilon} disagrees with epsilon_one = {derived!r} implied by "
+                f"num_hashes={self.num_hashes}, f={self.f}, p={self.p}, q={self.q}; omit epsilon "
+                "or give that value"
+            )
+        return self
+
     @property
     def is_categorical(self) -> bool:
         return self.mechanism in CATEGORICAL_MECHANISMS
+
+    @property
+    def kind(self) -> Literal["categorical", "numeric", "string"]:
+        """The kind of values the mechanism takes: category indices, reals, or strings."""
+        if self.mechanism in CATEGORICAL_MECHANISMS:
+            return "categorical"
+        if self.mechanism in STRING_MECHANISMS:
+            return "string"
+        return "numeric"

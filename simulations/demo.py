@@ -13,8 +13,8 @@ import argparse
 
 import numpy as np
 
-from shared.mechanisms import MECHANISMS, make_mechanism
-from shared.schemas import CATEGORICAL_MECHANISMS, MechanismSpec
+from shared.mechanisms import make_mechanism
+from shared.schemas import CATEGORICAL_MECHANISMS, NUMERIC_MECHANISMS, MechanismSpec
 
 BROWSERS = ["chrome", "safari", "edge", "firefox", "samsung", "opera", "brave", "other"]
 SHARES = np.array([0.42, 0.24, 0.12, 0.08, 0.06, 0.04, 0.03, 0.01])
@@ -54,7 +54,7 @@ def numeric_demo(users: int, epsilon: float, rng: np.random.Generator) -> None:
     truth = np.clip(minutes, lower, upper).mean()
     print(f"\nMean session length (minutes, clipped to [{lower:g}, {upper:g}]) of {users:,} users")
     print(f"{'mechanism':<11}{'truth':>9}{'estimate':>10}{'95% CI':>22}")
-    for name in sorted(set(MECHANISMS) - CATEGORICAL_MECHANISMS):
+    for name in sorted(NUMERIC_MECHANISMS):
         spec = MechanismSpec.model_validate(
             {"mechanism": name, "epsilon": epsilon, "lower": lower, "upper": upper}
         )

@@ -5,7 +5,10 @@
     >>> mech = make_mechanism(MechanismSpec(mechanism="oue", epsilon=2.0, domain_size=1024))
 
 ``MECHANISMS`` maps every wire name to its class; ``auto`` resolves to the
-lowest-variance categorical mechanism for the spec's (epsilon, d).
+lowest-variance categorical mechanism for the spec's (epsilon, d). Each class has
+a ``kind``: ``"categorical"``, ``"numeric"`` or ``"string"`` (``rappor``, whose
+``encode`` also takes cohorts and device secrets, and whose ``estimate`` takes
+candidate strings).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from shared.mechanisms.laplace import DiscreteLaplace
 from shared.mechanisms.numeric import NumericMechanism
 from shared.mechanisms.olh import OptimizedLocalHashing
 from shared.mechanisms.piecewise import PiecewiseMechanism
+from shared.mechanisms.rappor import Rappor, RapporEstimate
 from shared.mechanisms.unary import OptimizedUnaryEncoding, SymmetricUnaryEncoding
 from shared.schemas import MechanismSpec
 
@@ -34,6 +38,7 @@ MECHANISMS: dict[str, type[Mechanism]] = {
         DiscreteLaplace,
         DuchiMean,
         PiecewiseMechanism,
+        Rappor,
     )
 }
 
@@ -51,6 +56,8 @@ __all__ = [
     "Mechanism",
     "MechanismSpec",
     "NumericMechanism",
+    "Rappor",
+    "RapporEstimate",
     "make_mechanism",
     "resolve_auto",
 ]

@@ -31,6 +31,12 @@ mechanisms); for normal estimates (kappa = 0) this is the exact chi2(R - 1) law.
 A new mechanism is covered as soon as it is registered: the case lists are
 built from the registry, and the tests that need a per-mechanism reference
 formula fail until one is added here.
+
+String mechanisms (``rappor``): the debiased per-cohort Bloom counts t_jb are
+checked here the same way (unbiased for the true counts T_jb, empirical variance
+equal to (T q*(1 - q*) + (N - T) p*(1 - p*)) / (q* - p*)^2, std the formula at
+the clipped estimate, intervals cover), over fresh device secrets each run;
+decoding against candidate strings is tested in test_rappor_decode.py.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 import numpy as np
 import pytest
@@ -72,6 +79,9 @@ CATEGORICAL_NAMES: list[str] = sorted(
 ) + ["auto"]
 NUMERIC_NAMES: list[str] = sorted(
     name for name, cls in MECHANISMS.items() if issubclass(cls, NumericMechanism)
+)
+STRING_NAMES: list[str] = sorted(
+    name for name, cls in MECHANISMS.items() if getattr(cls, "kind", None) == "string"
 )
 
 
@@ -108,8 +118,12 @@ def binomial_interval(trials: int, probability: float, alpha: float) -> tuple[in
 
 def test_every_registered_mechanism_has_estimation_tests() -> None:
     """A mechanism of a new kind would otherwise be silently left out of this file."""
-    assert set(CATEGORICAL_NAMES) | set(NUMERIC_NAMES) == set(MECHANISMS) | {"auto"}
+    assert set(CATEGORICAL_NAMES) | set(NUMERIC_NAMES) | set(STRING_NAMES) == set(MECHANISMS) | {
+        "auto"
+    }
     assert not set(CATEGORICAL_NAMES) & set(NUMERIC_NAMES)
+    assert not (set(CATEGORICAL_NAMES) | set(NUMERIC_NAMES)) & set(STRING_NAMES)
+    assert {case.name for case in STRING_CASES} == set(STRING_NAMES)
 
 
 # ======================================================================================
@@ -720,3 +734,155 @@ def test_piecewise_closed_form_is_the_variance_of_its_density() -> None:
         np.testing.assert_allclose(
             variance, t**2 / (z - 1) + (z + 3) / (3 * (z - 1) ** 2), rtol=1e-9
         )
+
+
+# ======================================================================================
+# String mechanisms (rappor): debiased per-cohort Bloom counts
+# ======================================================================================
+
+
+@dataclass(frozen=True)
+class StringCase:
+    name: str
+    num_bits: int
+    num_hashes: int
+    num_cohorts: int
+    f: float
+    p: float
+    q: float
+
+    @property
+    def id(self) -> str:
+        return (
+            f"{self.name}-k{self.num_bits}-h{self.num_hashes}-m{self.num_cohorts}"
+            f"-f{self.f:g}-p{self.p:g}-q{self.q:g}"
+        )
+
+    def mechanism(self) -> Any:
+        return make_mechanism(
+            MechanismSpec(
+                mechanism=self.name, num_bits=self.num_bits, num_hashes=self.num_hashes,
+                num_cohorts=self.num_cohorts, f=self.f, p=self.p, q=self.q,
+            )
+        )
+
+
+#: Symmetric (p* + q* = 1: variance free of T) and asymmetric (variance grows with T).
+STRING_CASES = [
+    StringCase("rappor", 16, 2, 3, 0.5, 0.25, 0.75),
+    StringCase("rappor", 12, 3, 2, 0.5, 0.5, 0.75),
+]
+#: Runs and devices per run: every run draws fresh device secrets (independent PRRs)
+#: and fresh IRRs for the same population of (value, cohort).
+STRING_RUNS = 400
+STRING_USERS = 600
+
+
+@dataclass(frozen=True)
+class StringRuns:
+    mech: Any
+    reports: np.ndarray  # (m,) N_j
+    truth: np.ndarray  # (m, k) T_jb
+    counts: np.ndarray  # (R, m, k) t_jb
+    std: np.ndarray  # (R, m, k)
+
+    def variance(self, true_ones: np.ndarray) -> np.ndarray:
+        p_star, q_star = self.mech.p_star, self.mech.q_star
+        n = self.reports[:, None]
+        return (
+            true_ones * q_star * (1 - q_star) + (n - true_ones) * p_star * (1 - p_star)
+        ) / (q_star - p_star) ** 2
+
+
+@cache
+def string_runs(case: StringCase) -> StringRuns:
+    mech = case.mechanism()
+    rng = rng_for(case.id)
+    values = np.array([f"value-{v}" for v in rng.zipf(1.6, STRING_USERS) % 40], dtype=object)
+    cohorts = rng.integers(0, case.num_cohorts, STRING_USERS)
+    blooms = mech.bloom_bit_indices(values, cohorts)  # (n, h)
+    truth = np.zeros((case.num_cohorts, case.num_bits), dtype=np.int64)
+    for j in range(case.num_cohorts):  # per cohort: distinct bits of each value, counted
+        rows = blooms[cohorts == j]
+        hits = (rows[:, :, None] == np.arange(case.num_bits)).any(axis=1)
+        truth[j] = hits.sum(axis=0)
+    secrets = rng.integers(0, 256, (STRING_RUNS * STRING_USERS, 16), dtype=np.uint8)
+    reports = mech.encode(
+        np.tile(values, STRING_RUNS), np.tile(cohorts, STRING_RUNS), secrets, rng=rng
+    )
+    estimates = [
+        mech.bloom_counts(mech.aggregate(reports[r * STRING_USERS : (r + 1) * STRING_USERS]))
+        for r in range(STRING_RUNS)
+    ]
+    return StringRuns(
+        mech=mech,
+        reports=np.bincount(cohorts, minlength=case.num_cohorts),
+        truth=truth,
+        counts=np.stack([est.counts for est in estimates]),
+        std=np.stack([est.std for est in estimates]),
+    )
+
+
+def test_every_string_mechanism_has_cases() -> None:
+    assert {case.name for case in STRING_CASES} == set(STRING_NAMES)
+
+
+@pytest.mark.parametrize("case", STRING_CASES, ids=lambda c: c.id)
+def test_bloom_counts_are_unbiased(case: StringCase) -> None:
+    runs = string_runs(case)
+    cells = runs.truth.size
+    z = z_bonferroni(ALPHA, cells)  # 1e-6 over the m k cells
+    error = runs.counts.mean(axis=0) - runs.truth
+    statistic = np.abs(error) / np.sqrt(runs.variance(runs.truth) / STRING_RUNS)
+    assert np.all(statistic <= z), (
+        f"{runs.mech!r}: mean t_jb - T_jb = {error.round(2)}: {statistic.round(2)} standard "
+        f"errors (limit {z:.2f})"
+    )
+    # The cases are informative: some cells hold few of their cohort's reports, some many.
+    share = runs.truth / runs.reports[:, None]
+    assert share.min() < 0.05 and share.max() > 0.25
+
+
+@pytest.mark.parametrize("case", STRING_CASES, ids=lambda c: c.id)
+def test_bloom_count_variance_matches_formula(case: StringCase) -> None:
+    runs = string_runs(case)
+    p_star, q_star = runs.mech.p_star, runs.mech.q_star
+    n = runs.reports[:, None]
+    k2 = runs.truth * q_star * (1 - q_star) + (n - runs.truth) * p_star * (1 - p_star)
+    k4 = runs.truth * bernoulli_fourth_cumulant(q_star) + (n - runs.truth) * (
+        bernoulli_fourth_cumulant(p_star)
+    )
+    ratio = runs.counts.var(axis=0, ddof=1) / runs.variance(runs.truth)
+    cells = runs.truth.size
+    for (j, b), value in np.ndenumerate(ratio):
+        # 1e-6 over the m k cells (two-sided chi-square interval each).
+        kurtosis = float(k4[j, b] / k2[j, b] ** 2)
+        low, high = variance_ratio_interval(STRING_RUNS, kurtosis, ALPHA / cells)
+        assert low <= value <= high, (
+            f"{runs.mech!r}, cohort {j} bit {b} (T = {runs.truth[j, b]}): empirical / analytical "
+            f"variance = {value:.3f}, outside [{low:.3f}, {high:.3f}]"
+        )
+
+
+@pytest.mark.parametrize("case", STRING_CASES, ids=lambda c: c.id)
+def test_bloom_count_std_is_the_formula_at_the_clipped_estimate(case: StringCase) -> None:
+    runs = string_runs(case)
+    clipped = np.clip(runs.counts, 0.0, runs.reports[None, :, None])
+    np.testing.assert_allclose(runs.std, np.sqrt(runs.variance(clipped)), rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("case", STRING_CASES, ids=lambda c: c.id)
+def test_bloom_count_intervals_cover(case: StringCase) -> None:
+    """t_jb +- 1.96 std covers T_jb at about 95% (normal approximation of a binomial sum)."""
+    runs = string_runs(case)
+    half = stats.norm.ppf((1 + LEVEL) / 2) * runs.std
+    covered = (np.abs(runs.counts - runs.truth) <= half).sum(axis=0)
+    cells = runs.truth.size
+    # Plug-in std and a sum of ~100-600 Bernoullis: coverage within 0.93-0.97 by the
+    # Berry-Esseen bound is generous; 1e-6 over the cells on top (exact binomial quantiles).
+    low = binomial_interval(STRING_RUNS, 0.93, ALPHA / cells)[0]
+    high = binomial_interval(STRING_RUNS, 0.97, ALPHA / cells)[1]
+    assert np.all((low <= covered) & (covered <= high)), (
+        f"{runs.mech!r}: coverage counts {covered} of {STRING_RUNS}, accepted {low}..{high}"
+    )
+

@@ -29,7 +29,7 @@ import pytest
 from scipy import stats
 
 from shared.mechanisms import MECHANISMS, make_mechanism
-from shared.schemas import CATEGORICAL_MECHANISMS, MechanismSpec
+from shared.schemas import CATEGORICAL_MECHANISMS, STRING_MECHANISMS, MechanismSpec
 
 #: Relative slack on the ratio bound: transition probabilities are products and
 #: quotients of a few doubles, each off by at most a few ulps (~1e-15), so 1e-9
@@ -53,6 +53,23 @@ NUMERIC_RANGES = ((-3.7, 11.2), (0.0, 1.0))
 NUMERIC_EXTRAS: dict[str, tuple[dict[str, Any], ...]] = {
     "laplace": ({"grid_steps": 4}, {"grid_steps": 8}, {"grid_steps": 16}),
 }
+#: String mechanisms (rappor) carry no epsilon: their (k, h, f, p, q) imply epsilon_one.
+#: k >= 2h, where two values' Bloom filters can be disjoint and the bound is tight
+#: (test_rappor_privacy.py covers k < 2h); small k, so all 2^k reports enumerate.
+STRING_CASES: dict[str, tuple[dict[str, Any], ...]] = {
+    "rappor": tuple(
+        {"num_bits": k, "num_hashes": h, "num_cohorts": 4, "f": f, "p": p, "q": q}
+        for k, h, f, p, q in (
+            (2, 1, 0.5, 0.25, 0.75),
+            (4, 2, 0.5, 0.25, 0.75),  # Chrome's p, q, f
+            (8, 2, 0.45, 0.39, 0.61),  # the reference regression tests' eps_1 ~ 1
+            (6, 3, 0.3, 0.1, 0.8),
+            (5, 2, 0.0, 0.3, 0.6),  # no permanent response
+            (6, 2, 0.5, 0.5, 0.75),  # asymmetric p, q (UMA RAPPOR type)
+            (4, 1, 0.9, 0.0, 1.0),  # deterministic IRR
+        )
+    ),
+}
 #: Every wire name a spec may carry: the registry plus ``auto``.
 NAMES = (*sorted(MECHANISMS), "auto")
 
@@ -60,6 +77,12 @@ NAMES = (*sorted(MECHANISMS), "auto")
 def privacy_specs() -> Iterator[Any]:
     """One pytest param per (mechanism, epsilon, domain or range) setting."""
     for name in NAMES:
+        if name in STRING_MECHANISMS:
+            for fields in STRING_CASES[name]:
+                spec = MechanismSpec.model_validate({"mechanism": name, **fields})
+                label = "-".join(f"{key}{value}" for key, value in fields.items())
+                yield pytest.param(spec, id=f"{name}-{label}")
+            continue
         for epsilon in EPSILONS:
             if name in CATEGORICAL_MECHANISMS:
                 for d in CATEGORICAL_DOMAINS:
@@ -102,8 +125,9 @@ def numeric_inputs(lower: float, upper: float) -> np.ndarray:
 
 
 def matrix_of(mech: Any) -> np.ndarray:
-    """The exact transition matrix: over all categories, or over ``numeric_inputs``."""
-    if mech.spec.is_categorical:
+    """The exact transition matrix: over all categories (or all Bloom filters of strings),
+    or over ``numeric_inputs``."""
+    if mech.spec.kind in ("categorical", "string"):
         return np.asarray(mech.transition_matrix())
     return np.asarray(mech.transition_matrix(numeric_inputs(mech.lower, mech.upper)))
 
@@ -133,7 +157,7 @@ def delivered_epsilon(mech: Any) -> float:
 def row_totals(mech: Any, matrix: np.ndarray) -> np.ndarray:
     """Total probability of each row, accounting for outputs the matrix leaves out."""
     name = mech.name
-    if mech.spec.is_categorical or name == "duchi":
+    if mech.spec.kind in ("categorical", "string") or name == "duchi":
         return matrix.sum(axis=1)
     if name == "laplace":
         # Columns are m = -1..K+1. Both mixture components are centred in 0..K, so below
@@ -191,6 +215,10 @@ def test_rows_are_distributions(spec: MechanismSpec) -> None:
     assert np.all(matrix >= 0)
     if spec.is_categorical:
         assert matrix.shape[0] == spec.domain_size
+    if spec.kind == "string":  # every Bloom filter with 1..h of k bits set, by every report
+        k, h = spec.num_bits, spec.num_hashes
+        assert k is not None and h is not None
+        assert matrix.shape == (sum(math.comb(k, size) for size in range(1, h + 1)), 2**k)
     np.testing.assert_allclose(row_totals(mech, matrix), 1.0, rtol=1e-12, atol=0)
 
 

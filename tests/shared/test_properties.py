@@ -10,6 +10,11 @@ covered as soon as it is registered:
   ValueError naming the report's position;
 * ``encode`` refuses values outside the domain (naming them), clips numeric values
   to [lower, upper], accepts an empty batch and the OS CSPRNG (``rng=None``).
+
+String mechanisms (``rappor``) take strings, and ``encode`` also takes cohorts and
+device secrets: ``encode_with`` supplies them (cohorts and a small pool of secrets
+drawn from the test's seed, so memoized permanent responses repeat), and
+``build`` picks one of ``STRING_CONFIGS`` for them.
 """
 
 from __future__ import annotations
@@ -28,12 +33,30 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared.mechanisms import MECHANISMS, Mechanism, make_mechanism
-from shared.schemas import CATEGORICAL_MECHANISMS, MechanismSpec
+from shared.schemas import (
+    CATEGORICAL_MECHANISMS,
+    NUMERIC_MECHANISMS,
+    STRING_MECHANISMS,
+    MechanismSpec,
+)
 from shared.statistics import CountStatistics, MomentStatistics
 
 NAMES = (*sorted(MECHANISMS), "auto")
 CATEGORICAL_NAMES = tuple(name for name in NAMES if name in CATEGORICAL_MECHANISMS)
-NUMERIC_NAMES = tuple(name for name in NAMES if name not in CATEGORICAL_MECHANISMS)
+NUMERIC_NAMES = tuple(name for name in NAMES if name in NUMERIC_MECHANISMS)
+STRING_NAMES = tuple(name for name in NAMES if name in STRING_MECHANISMS)
+#: RAPPOR parameters (k, h, m, f, p, q) for the string mechanisms: one bit, padding bits,
+#: one cohort, no PRR, 16 hashes, more than 128 bits.
+STRING_CONFIGS = (
+    (1, 1, 1, 0.5, 0.25, 0.75),
+    (5, 2, 3, 0.5, 0.25, 0.75),
+    (16, 2, 4, 0.45, 0.39, 0.61),
+    (13, 3, 2, 0.0, 0.3, 0.6),
+    (32, 16, 5, 0.9, 0.0, 1.0),
+    (130, 4, 7, 0.2, 0.1, 0.9),
+)
+#: Device secrets the string mechanisms' reports are drawn from (few: PRRs repeat).
+SECRETS = tuple(bytes([i]) * 16 for i in range(3))
 EPSILONS = (0.5, 1.0, 2.3, 5.0)
 LOWER, UPPER = -2.5, 7.0
 #: Largest batch drawn: properties of the contract do not need big batches.
@@ -49,7 +72,17 @@ FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthChe
 
 @functools.cache
 def build(name: str, epsilon: float, domain_size: int) -> Mechanism[Any, Any]:
-    """The mechanism ``name`` at ``epsilon``, over 0..domain_size-1 or [LOWER, UPPER]."""
+    """The mechanism ``name`` at ``epsilon``, over 0..domain_size-1 or [LOWER, UPPER].
+
+    A string mechanism ignores ``epsilon`` (its parameters imply it) and takes
+    ``STRING_CONFIGS[domain_size % len(STRING_CONFIGS)]``.
+    """
+    if name in STRING_MECHANISMS:
+        k, h, m, f, p, q = STRING_CONFIGS[domain_size % len(STRING_CONFIGS)]
+        spec = MechanismSpec(
+            mechanism=name, num_bits=k, num_hashes=h, num_cohorts=m, f=f, p=p, q=q
+        )
+        return make_mechanism(spec)
     if name in CATEGORICAL_MECHANISMS:
         fields: dict[str, Any] = {"domain_size": domain_size}
     else:
@@ -62,6 +95,8 @@ def build(name: str, epsilon: float, domain_size: int) -> Mechanism[Any, Any]:
 @st.composite
 def mechanisms(draw: st.DrawFn, name: str) -> Mechanism[Any, Any]:
     epsilon = draw(st.sampled_from(EPSILONS))
+    if name in STRING_MECHANISMS:
+        return build(name, epsilon, draw(st.integers(0, len(STRING_CONFIGS) - 1)))
     domain_size = draw(st.integers(2, 20)) if name in CATEGORICAL_MECHANISMS else 0
     return build(name, epsilon, domain_size)
 
@@ -69,7 +104,14 @@ def mechanisms(draw: st.DrawFn, name: str) -> Mechanism[Any, Any]:
 def values_for(
     mech: Mechanism[Any, Any], min_size: int = 0, max_size: int = MAX_BATCH
 ) -> st.SearchStrategy[np.ndarray]:
-    """Valid inputs: categories 0..d-1, or reals in and beyond [LOWER, UPPER] (clipped)."""
+    """Valid inputs: categories 0..d-1, reals in and beyond [LOWER, UPPER] (clipped), or
+    strings (repeated ones, the empty one, non-ASCII ones)."""
+    if mech.spec.kind == "string":
+        common = ["", "a", "abc", "www.example.com", "\u00e9t\u00e9", "\x00"]
+        text = st.sampled_from(common) | st.text(max_size=8)
+        return st.lists(text, min_size=min_size, max_size=max_size).map(
+            lambda v: np.array(v, dtype=object)
+        )
     if mech.spec.is_categorical:
         d = mech.spec.domain_size
         assert d is not None
@@ -83,8 +125,24 @@ def values_for(
     )
 
 
+def encode_with(mech: Mechanism[Any, Any], values: np.ndarray, rng: Any, seed: int = 0) -> Any:
+    """``mech.encode(values, rng=rng)``; for a string mechanism, values become strings and
+    each gets a cohort and one of ``SECRETS``, drawn from ``seed`` (not from ``rng``)."""
+    if mech.spec.kind != "string":
+        return mech.encode(values, rng=rng)
+    strings = np.asarray(values)
+    if strings.dtype.kind != "O":
+        strings = strings.astype(str).astype(object)
+    count = strings.shape[0] if strings.ndim else 0
+    picks = np.random.default_rng(seed)
+    assert mech.spec.num_cohorts is not None
+    cohorts = picks.integers(0, mech.spec.num_cohorts, count)
+    secrets = [SECRETS[i] for i in picks.integers(0, len(SECRETS), count)]
+    return mech.encode(strings, cohorts, secrets, rng=rng)  # type: ignore[call-arg]
+
+
 def encode(mech: Mechanism[Any, Any], values: np.ndarray, seed: int) -> np.ndarray:
-    return mech.encode(values, rng=np.random.default_rng(seed))
+    return encode_with(mech, values, np.random.default_rng(seed), seed)  # type: ignore[no-any-return]
 
 
 seeds = st.integers(0, 2**32 - 1)
@@ -112,8 +170,8 @@ def names_position(message: str, position: int) -> bool:
 def test_registry_names() -> None:
     """The parametrization below covers exactly the registry plus ``auto``."""
     assert set(NAMES) == set(MECHANISMS) | {"auto"}
-    assert set(CATEGORICAL_NAMES) | set(NUMERIC_NAMES) == set(NAMES)
-    assert CATEGORICAL_NAMES and NUMERIC_NAMES
+    assert set(CATEGORICAL_NAMES) | set(NUMERIC_NAMES) | set(STRING_NAMES) == set(NAMES)
+    assert CATEGORICAL_NAMES and NUMERIC_NAMES and STRING_NAMES
 
 
 # ---------------------------------------------------------------------------------------
@@ -203,7 +261,7 @@ def test_short_or_corrupt_bytes_are_refused(name: str, data: st.DataObject) -> N
 def test_negative_counts_in_bytes_are_refused(name: str) -> None:
     """A corrupt record whose n (or a count, or a sum of squares) is negative is refused."""
     mech = build(name, 1.0, 5)
-    raw = bytearray(mech.aggregate(mech.encode(np.array([1, 2, 3]), rng=None)).to_bytes())
+    raw = bytearray(mech.aggregate(encode_with(mech, np.array([1, 2, 3]), None)).to_bytes())
     with_negative_n = bytes(raw[:5]) + struct.pack("<q", -3) + bytes(raw[13:])
     with pytest.raises(ValueError):
         mech.statistics_from_bytes(with_negative_n)
@@ -291,6 +349,22 @@ def out_of_range_updates(mech: Mechanism[Any, Any]) -> list[dict[str, Any]]:
         ]
         if d % 8:  # set the first padding bit past bit d - 1
             padded = bytes(row - 1) + bytes([0x80 >> (d % 8)])
+            updates.append({"bits": base64.b64encode(padded).decode()})
+        return updates
+    if name == "rappor":
+        k, m = mech.spec.num_bits or 0, mech.spec.num_cohorts or 0
+        row = (k + 7) // 8
+        updates = [
+            {"cohort": m},
+            {"cohort": -1},
+            {"cohort": 2**40},
+            {"bits": base64.b64encode(bytes(row + 1)).decode()},
+            {"bits": base64.b64encode(bytes(row - 1)).decode()},
+            {"bits": "not base64!"},
+            {"bits": "AA="},
+        ]
+        if k % 8:  # set the first padding bit past bit k - 1 (little-endian bit order)
+            padded = bytes(row - 1) + bytes([1 << (k % 8)])
             updates.append({"bits": base64.b64encode(padded).decode()})
         return updates
     if name == "laplace":
@@ -402,7 +476,7 @@ def test_encode_rejects_arrays_that_are_not_one_dimensional(
 ) -> None:
     mech = build(name, 1.0, 5)
     with pytest.raises(ValueError) as info:
-        mech.encode(np.ones(shape, dtype=np.int64), rng=np.random.default_rng(0))
+        encode_with(mech, np.ones(shape, dtype=np.int64), np.random.default_rng(0))
     assert str(shape) in str(info.value), str(info.value)
 
 
@@ -427,7 +501,7 @@ def test_numeric_values_are_clipped_to_the_range(name: str, data: st.DataObject)
 @pytest.mark.parametrize("dtype", [np.int64, np.float64])
 def test_empty_batch(name: str, dtype: type) -> None:
     mech = build(name, 1.0, 5)
-    reports = mech.encode(np.array([], dtype=dtype), rng=np.random.default_rng(0))
+    reports = encode_with(mech, np.array([], dtype=dtype), np.random.default_rng(0))
     assert reports.shape[0] == 0
     stats = mech.aggregate(reports)
     assert stats.n == 0
@@ -447,7 +521,7 @@ def test_secure_default_rng(name: str, data: st.DataObject) -> None:
     """``rng=None`` draws from the OS CSPRNG; the reports are valid and aggregate."""
     mech = data.draw(mechanisms(name))
     values = data.draw(values_for(mech))
-    reports = mech.encode(values, rng=None)
+    reports = encode_with(mech, values, None)
     assert reports.shape[0] == values.size
     np.testing.assert_array_equal(mech.check_reports(reports), reports)
     assert mech.aggregate(reports).n == values.size
@@ -462,4 +536,4 @@ def test_seeds_that_are_not_generators_are_refused(name: str, rng: Any) -> None:
     """Only a numpy Generator (simulations) or None (devices) is accepted as ``rng``."""
     mech = build(name, 1.0, 5)
     with pytest.raises(TypeError):
-        mech.encode(np.array([1, 2]), rng=rng)
+        encode_with(mech, np.array([1, 2]), rng)

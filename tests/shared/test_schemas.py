@@ -19,11 +19,15 @@ from shared.schemas import (
     MAX_EPSILON,
     MAX_GRID_STEPS,
     NUMERIC_MECHANISMS,
+    RAPPOR_FIELDS,
+    STRING_MECHANISMS,
     MechanismSpec,
 )
 
 CATEGORICAL = sorted(CATEGORICAL_MECHANISMS)
 NUMERIC = sorted(NUMERIC_MECHANISMS)
+#: Mechanisms over strings (rappor); their specs are tested in detail in test_rappor_spec.py.
+STRING = sorted(STRING_MECHANISMS)
 #: The concrete frequency oracles ``auto`` chooses among.
 AUTO_CANDIDATES = ("grr", "sue", "oue", "olh", "hr")
 
@@ -32,6 +36,16 @@ def valid_fields(name: str) -> dict[str, Any]:
     """A minimal valid spec for ``name``, as keyword arguments."""
     if name in CATEGORICAL_MECHANISMS:
         return {"mechanism": name, "epsilon": 1.0, "domain_size": 4}
+    if name in STRING_MECHANISMS:  # epsilon is derived from (num_hashes, f, p, q)
+        return {
+            "mechanism": name,
+            "num_bits": 32,
+            "num_hashes": 1,
+            "num_cohorts": 64,
+            "f": 0.5,
+            "p": 0.25,
+            "q": 0.75,
+        }
     return {"mechanism": name, "epsilon": 1.0, "lower": -1.0, "upper": 2.0}
 
 
@@ -58,9 +72,13 @@ def test_validation_error_is_a_value_error() -> None:
 
 def test_schema_names_match_the_registry() -> None:
     assert CATEGORICAL_MECHANISMS.isdisjoint(NUMERIC_MECHANISMS)
-    assert CATEGORICAL_MECHANISMS | NUMERIC_MECHANISMS == set(MECHANISMS) | {"auto"}
+    assert STRING_MECHANISMS.isdisjoint(CATEGORICAL_MECHANISMS | NUMERIC_MECHANISMS)
+    assert CATEGORICAL_MECHANISMS | NUMERIC_MECHANISMS | STRING_MECHANISMS == set(MECHANISMS) | {
+        "auto"
+    }
     for name, cls in MECHANISMS.items():
         assert cls.name == name
+        assert cls.kind == MechanismSpec(**valid_fields(name)).kind
 
 
 # ---------------------------------------------------------------------------------------
@@ -142,18 +160,18 @@ def test_unknown_mechanism_names(mechanism: Any) -> None:
     assert_refused({"mechanism": mechanism, "epsilon": 1.0, "domain_size": 4}, "mechanism")
 
 
-@pytest.mark.parametrize("name", NUMERIC)
+@pytest.mark.parametrize("name", NUMERIC + STRING)
 def test_domain_size_does_not_apply_to_numeric(name: str) -> None:
     assert_refused({**valid_fields(name), "domain_size": 4}, "domain_size")
 
 
-@pytest.mark.parametrize("name", CATEGORICAL)
+@pytest.mark.parametrize("name", CATEGORICAL + STRING)
 @pytest.mark.parametrize("field", ["lower", "upper"])
 def test_bounds_do_not_apply_to_categorical(name: str, field: str) -> None:
     assert_refused({**valid_fields(name), field: 0.0}, field)
 
 
-@pytest.mark.parametrize("name", [n for n in CATEGORICAL + NUMERIC if n != "laplace"])
+@pytest.mark.parametrize("name", [n for n in CATEGORICAL + NUMERIC + STRING if n != "laplace"])
 def test_grid_steps_applies_only_to_laplace(name: str) -> None:
     assert_refused({**valid_fields(name), "grid_steps": 16}, "grid_steps")
 
@@ -163,10 +181,24 @@ def test_laplace_grid_steps_out_of_range(grid_steps: int) -> None:
     assert_refused({**valid_fields("laplace"), "grid_steps": grid_steps}, "grid_steps")
 
 
-@pytest.mark.parametrize("name", CATEGORICAL + NUMERIC)
+@pytest.mark.parametrize("name", CATEGORICAL + NUMERIC + STRING)
 @pytest.mark.parametrize("extra", ["cohorts", "delta", "Epsilon", "labels"])
 def test_unknown_fields_are_refused(name: str, extra: str) -> None:
     assert_refused({**valid_fields(name), extra: 1}, extra)
+
+
+@pytest.mark.parametrize("name", CATEGORICAL + NUMERIC)
+@pytest.mark.parametrize("field", RAPPOR_FIELDS)
+def test_rappor_fields_apply_only_to_rappor(name: str, field: str) -> None:
+    value = {"num_bits": 8, "num_hashes": 2, "num_cohorts": 4, "f": 0.5, "p": 0.25, "q": 0.75}
+    assert_refused({**valid_fields(name), field: value[field]}, field)
+
+
+@pytest.mark.parametrize("name", CATEGORICAL + NUMERIC)
+def test_epsilon_is_required_except_for_rappor(name: str) -> None:
+    fields = valid_fields(name)
+    del fields["epsilon"]
+    assert_refused(fields, "epsilon")
 
 
 # ---------------------------------------------------------------------------------------
@@ -181,7 +213,9 @@ VALID_SPECS = [
     {"mechanism": "laplace", "epsilon": 1.5, "lower": -3.7, "upper": 11.2, "grid_steps": 16},
     {"mechanism": "laplace", "epsilon": MAX_EPSILON, "lower": 0.0, "upper": 1e-3},
     {"mechanism": "piecewise", "epsilon": 0.30000000000000004, "lower": -1e300, "upper": 1e300},
-    *(valid_fields(name) for name in CATEGORICAL + NUMERIC),
+    *(valid_fields(name) for name in CATEGORICAL + NUMERIC + STRING),
+    {"mechanism": "rappor", "num_bits": 1024, "num_hashes": 16, "num_cohorts": 1,
+     "f": 0.9, "p": 0.0, "q": 1.0},
 ]
 
 
