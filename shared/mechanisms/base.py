@@ -13,6 +13,8 @@ A mechanism is built from a ``MechanismSpec`` and offers:
 
 from __future__ import annotations
 
+import base64
+import binascii
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, ClassVar, Generic, TypeVar
@@ -100,6 +102,20 @@ class IndexReports:
 
     def from_payloads(self, payloads: list[dict[str, Any]]) -> np.ndarray:
         return self.check_reports(check_integer_field(payloads, "value"))
+
+
+def decode_bits_field(payload: object, index: int, row_bytes: int) -> bytes:
+    """The bytes of a payload's base64 ``"bits"`` field, checked to be ``row_bytes`` long."""
+    encoded = payload.get("bits") if isinstance(payload, dict) else None
+    if not isinstance(encoded, str):
+        raise ValueError(f"report {index}: payload needs a base64 string 'bits'")
+    try:
+        raw = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError) as error:
+        raise ValueError(f"report {index}: 'bits' is not valid base64 ({error})") from None
+    if len(raw) != row_bytes:
+        raise ValueError(f"report {index}: 'bits' holds {len(raw)} bytes, expected {row_bytes}")
+    return raw
 
 
 def check_integer_field(payloads: list[dict[str, Any]], field: str) -> np.ndarray:

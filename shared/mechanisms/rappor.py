@@ -81,7 +81,6 @@ unexplained mass, and the smallest detectable frequency.
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import hmac
 import math
@@ -94,7 +93,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from shared.estimates import Estimate, PostprocessedFrequencies
-from shared.mechanisms.base import Mechanism, as_index_array
+from shared.mechanisms.base import Mechanism, as_index_array, decode_bits_field
 from shared.mechanisms.categorical import MAX_ENUMERATED_OUTPUTS, require_enumerable
 from shared.mechanisms.unary import bit_sums
 from shared.randomness import RandomSource, Rng, as_source, exact_probability, threshold53
@@ -555,17 +554,7 @@ class Rappor(Mechanism[CountStatistics, Estimate]):
                 raise ValueError(
                     f"report {i}: cohort {cohort} is outside 0..{self.num_cohorts - 1}"
                 )
-            encoded = payload.get("bits")
-            if not isinstance(encoded, str):
-                raise ValueError(f"report {i}: payload needs a base64 string 'bits'")
-            try:
-                raw = base64.b64decode(encoded, validate=True)
-            except (binascii.Error, ValueError) as error:
-                raise ValueError(f"report {i}: 'bits' is not valid base64 ({error})") from None
-            if len(raw) != self.row_bytes:
-                raise ValueError(
-                    f"report {i}: 'bits' holds {len(raw)} bytes, expected {self.row_bytes}"
-                )
+            raw = decode_bits_field(payload, i, self.row_bytes)
             spare = self.row_bytes * 8 - self.num_bits
             if spare and raw[-1] >> (8 - spare):
                 raise ValueError(

@@ -20,13 +20,12 @@ statistics: the per-bit sums.
 from __future__ import annotations
 
 import base64
-import binascii
 import math
 from typing import Any
 
 import numpy as np
 
-from shared.mechanisms.base import as_index_array
+from shared.mechanisms.base import as_index_array, decode_bits_field
 from shared.mechanisms.categorical import CategoricalMechanism, require_enumerable
 from shared.randomness import Rng, as_source
 from shared.statistics import CountStatistics
@@ -154,18 +153,7 @@ class UnaryEncoding(CategoricalMechanism):
     def from_payloads(self, payloads: list[dict[str, Any]]) -> np.ndarray:
         rows = np.empty((len(payloads), self.row_bytes), dtype=np.uint8)
         for i, payload in enumerate(payloads):
-            encoded = payload.get("bits") if isinstance(payload, dict) else None
-            if not isinstance(encoded, str):
-                raise ValueError(f"report {i}: payload needs a base64 string 'bits'")
-            try:
-                raw = base64.b64decode(encoded, validate=True)
-            except (binascii.Error, ValueError) as error:
-                raise ValueError(f"report {i}: 'bits' is not valid base64 ({error})") from None
-            if len(raw) != self.row_bytes:
-                raise ValueError(
-                    f"report {i}: 'bits' holds {len(raw)} bytes, expected {self.row_bytes}"
-                )
-            rows[i] = np.frombuffer(raw, dtype=np.uint8)
+            rows[i] = np.frombuffer(decode_bits_field(payload, i, self.row_bytes), np.uint8)
         return self.check_reports(rows)
 
 
