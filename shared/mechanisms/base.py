@@ -104,6 +104,31 @@ class IndexReports:
         return self.check_reports(check_integer_field(payloads, "value"))
 
 
+def check_packed_rows(
+    packed: np.ndarray, bits: int, bit_order: str, what: str = "report"
+) -> np.ndarray:
+    """Check a (n, ceil(bits / 8)) uint8 matrix of packed bit rows with zero padding bits.
+
+    ``bit_order`` is "big" (``np.packbits`` default: bit j is bit 7 - j % 8 of byte j // 8,
+    padding in the low bits of the last byte) or "little" (bit j is bit j % 8, padding in
+    the high bits).
+    """
+    row_bytes = (bits + 7) // 8
+    array = np.asarray(packed)
+    if array.ndim != 2 or array.shape[1] != row_bytes or array.dtype != np.uint8:
+        raise ValueError(
+            f"{what}s must be uint8 of shape (n, {row_bytes}), got {array.dtype} {array.shape}"
+        )
+    spare = row_bytes * 8 - bits
+    if spare and array.size:
+        last = array[:, -1]
+        padding = last & np.uint8((1 << spare) - 1) if bit_order == "big" else last >> (8 - spare)
+        bad = np.flatnonzero(padding)
+        if bad.size:
+            raise ValueError(f"{what} {bad[0]} sets padding bits past bit {bits - 1}")
+    return array
+
+
 def decode_bits_field(payload: object, index: int, row_bytes: int) -> bytes:
     """The bytes of a payload's base64 ``"bits"`` field, checked to be ``row_bytes`` long."""
     encoded = payload.get("bits") if isinstance(payload, dict) else None

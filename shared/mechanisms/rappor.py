@@ -93,7 +93,12 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from shared.estimates import Estimate, PostprocessedFrequencies
-from shared.mechanisms.base import Mechanism, as_index_array, decode_bits_field
+from shared.mechanisms.base import (
+    Mechanism,
+    as_index_array,
+    check_packed_rows,
+    decode_bits_field,
+)
 from shared.mechanisms.categorical import MAX_ENUMERATED_OUTPUTS, require_enumerable
 from shared.mechanisms.unary import bit_sums
 from shared.randomness import RandomSource, Rng, as_source, exact_probability, threshold53
@@ -381,7 +386,7 @@ class Rappor(Mechanism[CountStatistics, Estimate]):
 
     def permanent_response(self, blooms: np.ndarray, secrets: Secrets) -> np.ndarray:
         """The memoized PRR of packed Bloom filters, one secret per row (or one for all)."""
-        packed = self._check_packed(np.asarray(blooms), "Bloom filter")
+        packed = check_packed_rows(blooms, self.num_bits, "little", "Bloom filter")
         secret_list = _secret_list(secrets, packed.shape[0])
         return self._prr(packed, secret_list)
 
@@ -510,19 +515,6 @@ class Rappor(Mechanism[CountStatistics, Estimate]):
 
     # --- reports -------------------------------------------------------------------
 
-    def _check_packed(self, packed: np.ndarray, what: str) -> np.ndarray:
-        if packed.ndim != 2 or packed.shape[1] != self.row_bytes or packed.dtype != np.uint8:
-            raise ValueError(
-                f"{what}s must be uint8 of shape (n, {self.row_bytes}), "
-                f"got {packed.dtype} {packed.shape}"
-            )
-        spare = self.row_bytes * 8 - self.num_bits
-        if spare and packed.size:
-            bad = np.flatnonzero(packed[:, -1] >> np.uint8(8 - spare))
-            if bad.size:
-                raise ValueError(f"{what} {bad[0]} sets padding bits past bit {self.num_bits - 1}")
-        return packed
-
     def check_reports(self, reports: np.ndarray) -> np.ndarray:
         array = np.asarray(reports)
         if array.dtype != self.report_dtype or array.ndim != 1:
@@ -531,7 +523,7 @@ class Rappor(Mechanism[CountStatistics, Estimate]):
                 f"got {array.dtype} {array.shape}"
             )
         as_index_array(array["cohort"], self.num_cohorts, "report cohort")
-        self._check_packed(array["bits"], "report")
+        check_packed_rows(array["bits"], self.num_bits, "little")
         return array
 
     def to_payloads(self, reports: np.ndarray) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from shared.mechanisms.base import as_index_array, decode_bits_field
+from shared.mechanisms.base import as_index_array, check_packed_rows, decode_bits_field
 from shared.mechanisms.categorical import CategoricalMechanism, require_enumerable
 from shared.randomness import Rng, as_source
 from shared.statistics import CountStatistics
@@ -104,21 +104,7 @@ class UnaryEncoding(CategoricalMechanism):
         return reports
 
     def check_reports(self, reports: np.ndarray) -> np.ndarray:
-        array = np.asarray(reports)
-        if array.ndim != 2 or array.shape[1] != self.row_bytes or array.dtype != np.uint8:
-            raise ValueError(
-                f"unary-encoding reports must be uint8 of shape (n, {self.row_bytes}), "
-                f"got {array.dtype} {array.shape}"
-            )
-        spare = self.row_bytes * 8 - self.domain_size
-        if spare and array.size:
-            padding = array[:, -1] & np.uint8((1 << spare) - 1)
-            bad = np.flatnonzero(padding)
-            if bad.size:
-                raise ValueError(
-                    f"report {bad[0]} sets padding bits past bit {self.domain_size - 1}"
-                )
-        return array
+        return check_packed_rows(reports, self.domain_size, "big", "unary-encoding report")
 
     def empty_statistics(self) -> CountStatistics:
         return CountStatistics.empty(self.domain_size)
