@@ -41,12 +41,14 @@ into the candidates, a little into each.
    the least-squares fit on P: Cov = G^-1 (X_P' Omega X_P) G^-1, G = X_P' X_P, Omega at
    the fitted T_jb. A candidate outside P gets the standard error it would have if
    added to P (at frequency 0): 1 / (||X_v||^2 - X_v' X_P G^-1 X_P' X_v).
-4. **Detection**: z_v = x_v / std_v against the one-sided null x_v = 0. Bonferroni over
-   all C candidates (``correction="bonferroni"``): detected when z_v > z_crit =
+4. **Detection**: z_v = x_v / std_v against the one-sided null x_v = 0, p_v = 1 - Phi(z_v).
+   Benjamini-Hochberg at false discovery rate alpha (``correction="bh"``, the default,
+   alpha = 0.2): the expected share of false strings among the detected is at most alpha.
+   Or Bonferroni over all C candidates (``"bonferroni"``): detected when z_v > z_crit =
    Phi^-1(1 - alpha / C), so the probability of any false positive is at most about
    alpha (the selection threshold is below z_crit, so selecting first does not add
-   false positives). Or Benjamini-Hochberg at false discovery rate alpha (``"bh"``), or
-   no correction (``"none"``: each candidate tested at level alpha, so about alpha C
+   false positives). Or no correction (``"none"``: each candidate tested at level alpha,
+   so about alpha C
    false positives among C absent candidates; the reference decoder's rule, a mean
    above 2 standard deviations, is ``"none"`` at alpha = 1 - Phi(2) = 0.0228).
 5. **Mass**: explained = sum_v x_v with std sqrt(1' Cov 1); unexplained = 1 - explained
@@ -95,8 +97,8 @@ def decode(
     stats: CountStatistics,
     candidates: Sequence[str],
     *,
-    alpha: float = 0.05,
-    correction: str = "bonferroni",
+    alpha: float,
+    correction: str,
     selection: str = "auto",
     background: bool = True,
 ) -> RapporEstimate:

@@ -761,8 +761,13 @@ class StringCase:
     def mechanism(self) -> Any:
         return make_mechanism(
             MechanismSpec(
-                mechanism=self.name, num_bits=self.num_bits, num_hashes=self.num_hashes,
-                num_cohorts=self.num_cohorts, f=self.f, p=self.p, q=self.q,
+                mechanism=self.name,
+                num_bits=self.num_bits,
+                num_hashes=self.num_hashes,
+                num_cohorts=self.num_cohorts,
+                f=self.f,
+                p=self.p,
+                q=self.q,
             )
         )
 
@@ -789,9 +794,9 @@ class StringRuns:
     def variance(self, true_ones: np.ndarray) -> np.ndarray:
         p_star, q_star = self.mech.p_star, self.mech.q_star
         n = self.reports[:, None]
-        return (
-            true_ones * q_star * (1 - q_star) + (n - true_ones) * p_star * (1 - p_star)
-        ) / (q_star - p_star) ** 2
+        return (true_ones * q_star * (1 - q_star) + (n - true_ones) * p_star * (1 - p_star)) / (
+            q_star - p_star
+        ) ** 2
 
 
 @cache
@@ -885,4 +890,3 @@ def test_bloom_count_intervals_cover(case: StringCase) -> None:
     assert np.all((low <= covered) & (covered <= high)), (
         f"{runs.mech!r}: coverage counts {covered} of {STRING_RUNS}, accepted {low}..{high}"
     )
-

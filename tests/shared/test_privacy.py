@@ -94,8 +94,13 @@ def privacy_specs() -> Iterator[Any]:
                 for lower, upper in NUMERIC_RANGES:
                     for extra in NUMERIC_EXTRAS.get(name, ({},)):
                         spec = MechanismSpec.model_validate(
-                            {"mechanism": name, "epsilon": epsilon, "lower": lower,
-                             "upper": upper, **extra}
+                            {
+                                "mechanism": name,
+                                "epsilon": epsilon,
+                                "lower": lower,
+                                "upper": upper,
+                                **extra,
+                            }
                         )
                         suffix = "".join(f"-{k}{v}" for k, v in extra.items())
                         yield pytest.param(
@@ -186,9 +191,7 @@ def normalized(lower: float, upper: float, values: np.ndarray) -> np.ndarray:
 
 def piecewise_integrals(mech: Any, values: np.ndarray) -> np.ndarray:
     """Exact integral over [-C, C] of the (piecewise-constant) density, row by row."""
-    c, left, right = piecewise_breakpoints(
-        mech.epsilon, normalized(mech.lower, mech.upper, values)
-    )
+    c, left, right = piecewise_breakpoints(mech.epsilon, normalized(mech.lower, mech.upper, values))
     totals = np.empty(values.size)
     for i in range(values.size):  # a few dozen inputs, each integrated over 3 pieces
         edges = np.unique(np.clip([-c, left[i], right[i], c], -c, c))
@@ -249,9 +252,7 @@ def test_privacy_check_holds_at_epsilon_and_fails_just_below(spec: MechanismSpec
 @pytest.mark.parametrize("grid_steps", (4, 8, 16, 1024))
 def test_laplace_effective_epsilon(epsilon: float, grid_steps: int) -> None:
     """The sampler's rational epsilon is floor(eps 2^20) / 2^20: at most eps, within 2^-20."""
-    mech = build(
-        mechanism="laplace", epsilon=epsilon, lower=0.0, upper=1.0, grid_steps=grid_steps
-    )
+    mech = build(mechanism="laplace", epsilon=epsilon, lower=0.0, upper=1.0, grid_steps=grid_steps)
     expected = math.floor(epsilon * 2**20) / 2**20
     assert mech.effective_epsilon == expected
     assert 0 <= epsilon - expected < 2**-20
@@ -285,8 +286,9 @@ def test_olh_is_private_for_every_hash_function(epsilon: float, d: int) -> None:
     blocks = matrix.reshape(d, hashes, g) * hashes  # P[y | v, (a, b)]
     np.testing.assert_allclose(blocks.sum(axis=2), 1.0, rtol=1e-12, atol=0)
 
-    a, b = (axis.ravel() for axis in np.meshgrid(
-        np.arange(1, prime), np.arange(prime), indexing="ij"))
+    a, b = (
+        axis.ravel() for axis in np.meshgrid(np.arange(1, prime), np.arange(prime), indexing="ij")
+    )
     hashed = ((a[:, None] * np.arange(d)[None, :] + b[:, None]) % prime) % g  # (hashes, d)
     np.testing.assert_array_equal(blocks.argmax(axis=2), hashed.T)
 

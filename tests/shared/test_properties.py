@@ -79,9 +79,7 @@ def build(name: str, epsilon: float, domain_size: int) -> Mechanism[Any, Any]:
     """
     if name in STRING_MECHANISMS:
         k, h, m, f, p, q = STRING_CONFIGS[domain_size % len(STRING_CONFIGS)]
-        spec = MechanismSpec(
-            mechanism=name, num_bits=k, num_hashes=h, num_cohorts=m, f=f, p=p, q=q
-        )
+        spec = MechanismSpec(mechanism=name, num_bits=k, num_hashes=h, num_cohorts=m, f=f, p=p, q=q)
         return make_mechanism(spec)
     if name in CATEGORICAL_MECHANISMS:
         fields: dict[str, Any] = {"domain_size": domain_size}
@@ -399,9 +397,7 @@ def malformed_payloads(mech: Mechanism[Any, Any], valid: dict[str, Any]) -> list
 @pytest.mark.parametrize("name", NAMES)
 @given(data=st.data())
 @settings(max_examples=60, deadline=None)
-def test_malformed_payload_is_refused_naming_its_position(
-    name: str, data: st.DataObject
-) -> None:
+def test_malformed_payload_is_refused_naming_its_position(name: str, data: st.DataObject) -> None:
     mech = data.draw(mechanisms(name))
     reports = encode(mech, data.draw(values_for(mech, min_size=1)), data.draw(seeds))
     payloads = mech.to_payloads(reports)

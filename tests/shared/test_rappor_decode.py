@@ -155,7 +155,12 @@ def test_recovers_the_distribution_through_the_device_path() -> None:
     cohorts = np.array([mech.assign_cohort(row.tobytes()) for row in secrets[:2000]])
     cohorts = np.tile(cohorts, devices // 2000)
     reports = mech.encode(values, cohorts, secrets, rng=rng)
-    est = mech.estimate(mech.aggregate(reports), candidates=list(TRUE + DECOYS), alpha=ALPHA)
+    est = mech.estimate(
+        mech.aggregate(reports),
+        candidates=list(TRUE + DECOYS),
+        alpha=ALPHA,
+        correction="bonferroni",
+    )
     truth = np.bincount(picks, minlength=7)[:6] / devices
     z = z_two_sided(ALPHA, 6)
     assert np.all(np.abs(est.frequencies[:6] - truth) <= z * est.std[:6])
@@ -184,8 +189,8 @@ def decoy_runs() -> tuple[list[RapporEstimate], list[RapporEstimate]]:
     bonferroni, bh = [], []
     for _ in range(DECOY_RUNS):
         statistics = simulate(mech, rng)[0]
-        bonferroni.append(mech.estimate(statistics, candidates=candidates))
-        bh.append(mech.estimate(statistics, candidates=candidates, correction="bh"))
+        bonferroni.append(mech.estimate(statistics, candidates=candidates, correction="bonferroni"))
+        bh.append(mech.estimate(statistics, candidates=candidates, correction="bh", alpha=0.05))
     return bonferroni, bh
 
 
@@ -217,11 +222,26 @@ def test_benjamini_hochberg_detects_a_superset_at_a_bounded_false_discovery_rate
         assert est.correction == "bonferroni"
 
 
+def test_default_rule_is_benjamini_hochberg_at_a_false_discovery_rate_of_one_fifth() -> None:
+    mech = rappor()
+    statistics = simulate(mech, np.random.default_rng(13))[0]
+    candidates = list(TRUE + DECOYS)
+    default = mech.estimate(statistics, candidates=candidates)
+    explicit = mech.estimate(statistics, candidates=candidates, correction="bh", alpha=0.2)
+    assert (default.correction, default.alpha) == ("bh", 0.2)
+    np.testing.assert_array_equal(default.detected, explicit.detected)
+    # BH: reject the j smallest p-values, j the largest rank with p_(j) <= 0.2 j / C.
+    ordered = np.sort(default.p_values)
+    ranks = np.flatnonzero(ordered <= 0.2 * np.arange(1, ordered.size + 1) / ordered.size)
+    assert default.detected.sum() == (ranks[-1] + 1 if ranks.size else 0)
+    assert mech.estimate(statistics, candidates=candidates, correction="bonferroni").alpha == 0.05
+
+
 def test_no_correction_tests_each_candidate_at_alpha() -> None:
     mech = rappor()
     statistics = simulate(mech, np.random.default_rng(12))[0]
     candidates = list(TRUE + DECOYS)
-    strict = mech.estimate(statistics, candidates=candidates)
+    strict = mech.estimate(statistics, candidates=candidates, correction="bonferroni")
     loose = mech.estimate(statistics, candidates=candidates, correction="none", alpha=0.2)
     np.testing.assert_array_equal(loose.frequencies, strict.frequencies)
     np.testing.assert_array_equal(loose.detected, (loose.p_values <= 0.2) & (loose.frequencies > 0))
@@ -237,7 +257,9 @@ def test_a_string_at_its_detection_threshold_is_found_half_the_time() -> None:
     """smallest_detectable_frequency is where detection has probability 1/2."""
     mech = rappor(k=128, h=2, m=16)
     candidates = list(TRUE[:3] + DECOYS[:20])
-    base = mech.estimate(simulate(mech, np.random.default_rng(1))[0], candidates=candidates)
+    base = mech.estimate(
+        simulate(mech, np.random.default_rng(1))[0], candidates=candidates, correction="bonferroni"
+    )
     threshold = float(base.detection_thresholds[2])
     assert threshold == pytest.approx(base.smallest_detectable_frequency, rel=0.1)
     planning = mech.smallest_detectable_frequency(REPORTS, len(candidates))
@@ -250,7 +272,9 @@ def test_a_string_at_its_detection_threshold_is_found_half_the_time() -> None:
         shares = np.concatenate([[0.4, 0.3, threshold], np.full(2000, (0.3 - threshold) / 2000)])
         counts = rng.multinomial(REPORTS, shares)
         est = mech.estimate(
-            mech.simulate_statistics(values, counts, rng, bits=bits), candidates=candidates
+            mech.simulate_statistics(values, counts, rng, bits=bits),
+            candidates=candidates,
+            correction="bonferroni",
         )
         found += int(est.detected[2])
     # P(detect) = Phi((f - z_crit std) / std) = 1/2: the realized share varies by 0.07 std
@@ -272,12 +296,18 @@ def test_lasso_selection_with_more_candidates_than_equations() -> None:
     rng = np.random.default_rng(5)
     statistics, truth = simulate(mech, rng, n=1_000_000)
     candidates = list(TRUE) + [f"other-{i}" for i in range(594)]
-    est = mech.estimate(statistics, candidates=candidates, alpha=ALPHA)
+    est = mech.estimate(statistics, candidates=candidates, alpha=ALPHA, correction="bonferroni")
     assert 0 < est.selected.sum() < 256 and est.selected[:6].all()
     assert est.detected[:6].all() and not est.detected[6:].any()
     z = z_two_sided(ALPHA, 6)
     assert np.all(np.abs(est.frequencies[:6] - truth) <= z * est.std[:6])
-    forced = mech.estimate(statistics, candidates=candidates[:40], selection="lasso", alpha=ALPHA)
+    forced = mech.estimate(
+        statistics,
+        candidates=candidates[:40],
+        selection="lasso",
+        alpha=ALPHA,
+        correction="bonferroni",
+    )
     assert forced.detected[:6].all() and not forced.detected[6:].any()
 
 
@@ -401,6 +431,8 @@ def test_wide_bloom_filters_decode(k: int, h: int, m: int) -> None:
     """k = 256 and 1024 (bits past 255 carry noise only): the strings are still found."""
     mech = rappor(k=k, h=h, m=m)
     statistics, truth = simulate(mech, np.random.default_rng(k), n=200_000)
-    est = mech.estimate(statistics, candidates=list(TRUE + DECOYS[:10]), alpha=ALPHA)
+    est = mech.estimate(
+        statistics, candidates=list(TRUE + DECOYS[:10]), alpha=ALPHA, correction="bonferroni"
+    )
     assert est.detected[:6].all() and not est.detected[6:].any()
     assert np.all(np.abs(est.frequencies[:6] - truth) <= z_two_sided(ALPHA, 6) * est.std[:6])

@@ -91,9 +91,7 @@ def test_schema_names_match_the_registry() -> None:
     "epsilon",
     [0.0, -0.0, -1.0, -math.inf, math.nan, math.inf, MAX_EPSILON * (1 + 1e-12), 1e300],
 )
-def test_epsilon_must_be_positive_finite_and_at_most_the_maximum(
-    name: str, epsilon: float
-) -> None:
+def test_epsilon_must_be_positive_finite_and_at_most_the_maximum(name: str, epsilon: float) -> None:
     assert_refused({**valid_fields(name), "epsilon": epsilon}, "epsilon")
 
 
@@ -214,8 +212,15 @@ VALID_SPECS = [
     {"mechanism": "laplace", "epsilon": MAX_EPSILON, "lower": 0.0, "upper": 1e-3},
     {"mechanism": "piecewise", "epsilon": 0.30000000000000004, "lower": -1e300, "upper": 1e300},
     *(valid_fields(name) for name in CATEGORICAL + NUMERIC + STRING),
-    {"mechanism": "rappor", "num_bits": 1024, "num_hashes": 16, "num_cohorts": 1,
-     "f": 0.9, "p": 0.0, "q": 1.0},
+    {
+        "mechanism": "rappor",
+        "num_bits": 1024,
+        "num_hashes": 16,
+        "num_cohorts": 1,
+        "f": 0.9,
+        "p": 0.0,
+        "q": 1.0,
+    },
 ]
 
 
