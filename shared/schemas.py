@@ -16,7 +16,16 @@ from __future__ import annotations
 import math
 from typing import Literal, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 CategoricalName: TypeAlias = Literal["grr", "sue", "oue", "olh", "hr", "auto"]
 NumericName: TypeAlias = Literal["laplace", "duchi", "piecewise"]
@@ -268,6 +277,11 @@ class MechanismSpec(BaseModel):
     @property
     def is_categorical(self) -> bool:
         return self.mechanism in CATEGORICAL_MECHANISMS
+
+    @model_serializer(mode="wrap")
+    def _without_unused_fields(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        """Serialize only the fields this mechanism takes: ``{"mechanism": "grr", ...}``."""
+        return {key: value for key, value in handler(self).items() if value is not None}
 
     @property
     def kind(self) -> Literal["categorical", "numeric", "string"]:

@@ -1,0 +1,461 @@
+"""The HTTP service: thin FastAPI routes over ``Aggregator`` (``aggregator/service.py``).
+
+``create_app(settings)`` builds the application; ``ldp-aggregator serve`` runs it under
+uvicorn. Routes authenticate, validate and delegate; errors leave as RFC 9457 problem
+documents (``aggregator/problems.py``); every storage call runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, Field, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from aggregator import observability as obs
+from aggregator.auth import KeyRing, Principal, RateLimiter, Role
+from aggregator.estimates import EstimateOut
+from aggregator.ingest import BatchRejected, IngestResult, ReportBatch
+from aggregator.problems import (
+    Problem,
+    ProblemError,
+    handle_http,
+    handle_problem,
+    handle_validation,
+    problem_response,
+)
+from aggregator.registry import Metric, MetricDefinition
+from aggregator.service import Aggregator, NotEnoughReportsError, UnknownMetricError
+from aggregator.settings import Settings
+
+logger = logging.getLogger("ldp.aggregator")
+
+PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": Problem, "content": {"application/problem+json": {}}}
+    for status in (400, 401, 403, 404, 409, 413, 422, 429, 503)
+}
+
+
+class KeyRequest(BaseModel):
+    role: Role
+    label: str = Field(default="", max_length=200)
+
+
+class KeyCreated(BaseModel):
+    key_id: str
+    role: Role
+    label: str
+    key: str = Field(description="The bearer key. Shown once: only its hash is stored.")
+
+
+class KeyInfo(BaseModel):
+    key_id: str
+    role: Role
+    label: str
+    created_at: float
+    revoked_at: float | None
+
+
+class Health(BaseModel):
+    status: str
+    storage: str
+
+
+class Compaction(BaseModel):
+    groups: int
+    rows_merged: int
+
+
+class BodyLimit:
+    """ASGI middleware: refuse request bodies over ``limit`` bytes with 413, before parsing."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers", ())).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await self._refuse(scope, receive, send)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except _TooLarge:
+            await self._refuse(scope, receive, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        response = problem_response(
+            request,
+            413,
+            "too-large",
+            "Request body too large",
+            f"the body exceeds {self.limit} bytes; send smaller batches",
+        )
+        await response(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def authorized(role: Role) -> Callable[[Request], Awaitable[Principal]]:
+    """A dependency that admits requests bearing a valid key of ``role`` (or admin)."""
+
+    async def dependency(request: Request) -> Principal:
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise ProblemError(
+                401,
+                "unauthorized",
+                "Authentication required",
+                "send 'Authorization: Bearer <key>'",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        keys: KeyRing = request.app.state.keys
+        principal = await run_in_threadpool(keys.authenticate, token.strip())
+        if principal is None:
+            raise ProblemError(
+                401,
+                "unauthorized",
+                "Invalid API key",
+                "the key is unknown or revoked",
+                headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+            )
+        if not principal.may(role):
+            raise ProblemError(
+                403,
+                "forbidden",
+                "Not allowed",
+                f"this needs a {role} key; the key given is a {principal.role} key",
+            )
+        limiter: RateLimiter = request.app.state.limiter
+        wait = limiter.acquire(principal.key_id)
+        if wait > 0:
+            raise ProblemError(
+                429,
+                "rate-limited",
+                "Too many requests",
+                f"this key may make {limiter.rate:g} requests per second",
+                headers={"Retry-After": str(max(1, math.ceil(wait)))},
+            )
+        return principal
+
+    return dependency
+
+
+Device = Annotated[Principal, Depends(authorized("device"))]
+Analyst = Annotated[Principal, Depends(authorized("analyst"))]
+Admin = Annotated[Principal, Depends(authorized("admin"))]
+
+
+def create_app(settings: Settings, aggregator: Aggregator | None = None) -> FastAPI:
+    """The FastAPI application over ``aggregator`` (one is built from ``settings`` if None)."""
+    service = aggregator or Aggregator(settings)
+    keys = KeyRing(service.storage)
+    limiter = RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        task = None
+        if settings.compaction_interval > 0:
+            task = asyncio.create_task(_compact_periodically(service, settings.compaction_interval))
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            if aggregator is None:
+                service.close()
+
+    app = FastAPI(
+        title="LDP telemetry aggregator",
+        version="1",
+        description=(
+            "Ingests locally differentially private reports exactly once and publishes "
+            "debiased estimates with standard errors. Metric specs (the privacy promise) "
+            "are public at GET /v1/metrics."
+        ),
+        lifespan=lifespan,
+        responses=PROBLEM_RESPONSES,
+        # One schema per model: MechanismSpec serializes without its unused (null) fields,
+        # which its validation schema describes better than a generic object.
+        separate_input_output_schemas=False,
+    )
+    app.state.aggregator = service
+    app.state.keys = keys
+    app.state.limiter = limiter
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_exception_handler(ProblemError, handle_problem)
+    app.add_exception_handler(RequestValidationError, handle_validation)
+    app.add_exception_handler(StarletteHTTPException, handle_http)
+    app.add_exception_handler(Exception, _handle_unexpected)
+
+    @app.middleware("http")
+    async def count_requests(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        response = await call_next(request)
+        route = request.scope.get("route")
+        path = getattr(route, "path", "unmatched")
+        obs.REQUESTS.labels(path, str(response.status_code)).inc()
+        return response
+
+    @app.get("/healthz", response_model=Health, tags=["operations"])
+    async def healthz() -> Any:
+        """Liveness and storage reachability (503 when the database cannot be reached)."""
+        try:
+            await run_in_threadpool(service.storage.ping)
+        except Exception as error:  # noqa: BLE001 - any storage failure is "unreachable"
+            obs.log(logger, logging.WARNING, "storage unreachable", error=type(error).__name__)
+            raise ProblemError(
+                503, "storage-unavailable", "Storage unreachable", "the database did not answer"
+            ) from None
+        return {"status": "ok", "storage": service.storage.dialect}
+
+    @app.get("/metrics", tags=["operations"], include_in_schema=True)
+    async def prometheus() -> Response:
+        """Prometheus metrics: reports accepted, duplicates, rejected by reason, latencies."""
+        body, content_type = obs.exposition()
+        return Response(body, media_type=content_type)
+
+    @app.get("/v1/metrics", response_model=list[Metric], tags=["metrics"])
+    async def list_metrics() -> Any:
+        """The current version of every metric: public, so anyone can audit the privacy promise."""
+        return await run_in_threadpool(service.catalog.latest)
+
+    @app.get("/v1/metrics/{name}/versions", response_model=list[Metric], tags=["metrics"])
+    async def metric_versions(name: str) -> Any:
+        """Every version of one metric, oldest first (public)."""
+        versions = await run_in_threadpool(service.catalog.versions, name)
+        if not versions:
+            raise ProblemError(404, "unknown-metric", "Unknown metric", f"no metric {name!r}")
+        return versions
+
+    @app.put(
+        "/v1/metrics/{name}",
+        response_model=Metric,
+        status_code=200,
+        tags=["metrics"],
+        responses={201: {"model": Metric, "description": "A new version was created."}},
+    )
+    async def define_metric(
+        name: str, definition: MetricDefinition, response: Response, principal: Admin
+    ) -> Any:
+        """Define a metric. A new spec or new labels make a new version (201); the same spec
+        with another description updates the current version (200)."""
+        try:
+            metric, created = await run_in_threadpool(service.define, name, definition)
+        except ValueError as error:
+            raise ProblemError(
+                422,
+                "invalid-metric",
+                "Invalid metric",
+                str(error),
+                [{"field": "name", "message": str(error)}],
+            ) from None
+        response.status_code = 201 if created else 200
+        obs.log(
+            logger,
+            logging.INFO,
+            "metric defined",
+            metric=name,
+            version=metric.version,
+            created=created,
+            key_id=principal.key_id,
+        )
+        return metric
+
+    @app.post(
+        "/v1/reports",
+        response_model=IngestResult,
+        tags=["reports"],
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {"schema": {"$ref": "#/components/schemas/ReportBatch"}}
+                },
+            }
+        },
+    )
+    async def post_reports(request: Request, principal: Device) -> Any:
+        """A batch of reports, stored atomically (all or none) and acknowledged after commit.
+        A ``report_id`` already accepted is ignored and counted in ``duplicates``."""
+        started = time.perf_counter()
+        body = await request.body()
+        try:
+            batch = ReportBatch.model_validate_json(body)
+        except ValidationError as error:
+            obs.REPORTS_REJECTED.labels("invalid").inc()
+            raise RequestValidationError(
+                [{**e, "loc": ("body", *e["loc"])} for e in error.errors(include_url=False)]
+            ) from None
+        try:
+            result = await run_in_threadpool(service.ingest, batch)
+        except BatchRejected as rejected:
+            obs.REPORTS_REJECTED.labels(rejected.reason).inc(len(batch.reports))
+            raise ProblemError(
+                rejected.status,
+                "invalid-batch" if rejected.status == 422 else "too-large",
+                rejected.title,
+                str(rejected),
+                rejected.problems,
+            ) from None
+        obs.REPORTS_ACCEPTED.inc(result.accepted)
+        obs.REPORTS_DUPLICATE.inc(result.duplicates)
+        obs.INGEST_SECONDS.observe(time.perf_counter() - started)
+        return result
+
+    @app.get(
+        "/v1/metrics/{name}/estimate",
+        response_model=EstimateOut,
+        tags=["estimates"],
+    )
+    async def estimate(
+        name: str,
+        principal: Analyst,
+        start: Annotated[
+            datetime | None, Query(description="Window start (UTC, inclusive).")
+        ] = None,
+        end: Annotated[datetime | None, Query(description="Window end (UTC, exclusive).")] = None,
+        version: Annotated[
+            int | None, Query(ge=1, le=2**31 - 1, description="Default: latest.")
+        ] = None,
+        candidates: Annotated[
+            list[str] | None,
+            Query(
+                max_length=10_000, description="RAPPOR: candidate strings (default: the labels)."
+            ),
+        ] = None,
+    ) -> Any:
+        """Debiased estimate of one metric version over a time window, with std and 95% CI."""
+        started = time.perf_counter()
+        try:
+            result = await run_in_threadpool(
+                service.estimate, name, version, start, end, candidates
+            )
+        except UnknownMetricError as error:
+            raise ProblemError(404, "unknown-metric", "Unknown metric", str(error)) from None
+        except NotEnoughReportsError as error:
+            raise ProblemError(
+                409, "not-enough-reports", "Not enough reports", str(error)
+            ) from None
+        except ValueError as error:
+            raise ProblemError(
+                422, "invalid-request", "Invalid estimate request", str(error)
+            ) from None
+        obs.ESTIMATE_SECONDS.observe(time.perf_counter() - started)
+        return result
+
+    @app.post("/v1/keys", response_model=KeyCreated, status_code=201, tags=["keys"])
+    async def create_key(request_body: KeyRequest, principal: Admin) -> Any:
+        """Create an API key; the reply is the only time the key is shown."""
+        key_id, key = await run_in_threadpool(keys.create, request_body.role, request_body.label)
+        obs.log(
+            logger,
+            logging.INFO,
+            "key created",
+            key_id=key_id,
+            role=request_body.role,
+            by=principal.key_id,
+        )
+        return {
+            "key_id": key_id,
+            "role": request_body.role,
+            "label": request_body.label,
+            "key": key,
+        }
+
+    @app.get("/v1/keys", response_model=list[KeyInfo], tags=["keys"])
+    async def list_keys(principal: Admin) -> Any:
+        """Every key's id, role, label and state (never the key or its hash)."""
+        rows = await run_in_threadpool(service.storage.keys)
+        return [{k: row[k] for k in KeyInfo.model_fields} for row in rows]
+
+    @app.delete("/v1/keys/{key_id}", status_code=204, tags=["keys"])
+    async def revoke_key(key_id: str, principal: Admin) -> Response:
+        """Revoke a key (effective in every process within seconds)."""
+        if not await run_in_threadpool(keys.revoke, key_id):
+            raise ProblemError(404, "unknown-key", "Unknown key", f"no active key {key_id!r}")
+        obs.log(logger, logging.INFO, "key revoked", key_id=key_id, by=principal.key_id)
+        return Response(status_code=204)
+
+    @app.post("/v1/admin/compact", response_model=Compaction, tags=["operations"])
+    async def compact(principal: Admin) -> Any:
+        """Merge the partial statistics now (it also runs in the background)."""
+        result = await run_in_threadpool(service.compact)
+        return {"groups": result.groups, "rows_merged": result.rows_merged}
+
+    _document_batch_schema(app)
+    return app
+
+
+def _document_batch_schema(app: FastAPI) -> None:
+    """Put ``ReportBatch`` (parsed from the raw body for speed) into the OpenAPI components."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            defs = ReportBatch.model_json_schema(ref_template="#/components/schemas/{model}")
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components.update(defs.pop("$defs", {}))
+            components["ReportBatch"] = defs
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+async def _handle_unexpected(request: Request, error: Exception) -> Response:
+    obs.log(logger, logging.ERROR, "unexpected error", path=request.url.path, error=repr(error))
+    return problem_response(
+        request, 500, "internal", "Internal error", "the server failed; see its log"
+    )
+
+
+async def _compact_periodically(service: Aggregator, interval: float) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            result = await run_in_threadpool(service.compact)
+            if result.rows_merged:
+                obs.log(
+                    logger, logging.INFO, "compacted", groups=result.groups, rows=result.rows_merged
+                )
+        except Exception as error:  # noqa: BLE001 - keep compacting after a transient failure
+            obs.log(logger, logging.WARNING, "compaction failed", error=repr(error))
+
+
+def app_from_environment() -> FastAPI:
+    """The application configured by ``LDP_*`` variables (what each uvicorn worker builds)."""
+    obs.configure_logging()
+    return create_app(Settings.from_environment())

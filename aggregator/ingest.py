@@ -1,0 +1,232 @@
+"""Validating a batch of reports and folding it into sufficient statistics.
+
+The wire batch is ``{"reports": [{"report_id", "metric", "version", "payload", "time"}]}``
+(``shared/DESIGN.md``). ``prepare`` checks everything that can be checked without the
+database: the envelope (pydantic), the metric version, the time bucket and every
+payload (the mechanism's own ``from_payloads``), and groups the reports by metric
+version. It raises ``BatchRejected`` listing what was wrong, by report index and field,
+before anything is written. ``fold`` then turns the reports whose ids turned out new
+into ``PartialRow``s: one per (metric, version, time bucket), inside the transaction
+that records the ids.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from aggregator.storage import PartialRow
+from shared.mechanisms import Mechanism
+
+#: Reports may be stamped up to this far ahead of the server's clock (clock skew).
+FUTURE_TOLERANCE = timedelta(hours=1)
+
+
+class ReportIn(BaseModel):
+    """One perturbed report. It carries nothing that identifies the device."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    report_id: UUID = Field(description="Random UUID chosen by the device; retries reuse it.")
+    metric: str = Field(min_length=1, max_length=64)
+    version: int = Field(
+        ge=1, le=2**31 - 1, description="The metric version the report was made for."
+    )
+    payload: dict[str, Any] = Field(
+        description=(
+            "The mechanism's report: {'value': int} (grr, hr, laplace: grid index, duchi: "
+            "+1/-1), {'value': number} (piecewise), {'bits': base64} (sue, oue; "
+            "numpy.packbits bytes), {'a', 'b', 'value'} (olh), {'cohort': int, 'bits': "
+            "base64} (rappor; bit i is bit i % 8 of byte i // 8)."
+        )
+    )
+    time: datetime | None = Field(
+        default=None,
+        description="UTC time truncated to the hour (ISO-8601); the server's hour if absent.",
+    )
+
+    @field_validator("payload")
+    @classmethod
+    def _finite_numbers(cls, payload: dict[str, Any]) -> dict[str, Any]:
+        for name, value in payload.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"payload field {name!r} is {value}; numbers must be finite")
+        return payload
+
+    @field_validator("time")
+    @classmethod
+    def _coarse_utc(cls, value: datetime | None) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None or value.utcoffset() != timedelta(0):
+            raise ValueError("time must be UTC, e.g. 2026-11-22T10:00:00Z")
+        if (value.minute, value.second, value.microsecond) != (0, 0, 0):
+            raise ValueError("time must be truncated to the hour (a precise time can identify)")
+        return value
+
+
+class ReportBatch(BaseModel):
+    """The body of ``POST /v1/reports``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reports: list[ReportIn] = Field(min_length=1)
+
+
+class IngestResult(BaseModel):
+    """The reply to ``POST /v1/reports``: reports newly counted, and retries ignored."""
+
+    accepted: int
+    duplicates: int
+
+
+@dataclass
+class BatchRejected(Exception):
+    """A batch that cannot be stored, with every problem found (report index, field, why)."""
+
+    title: str
+    problems: list[dict[str, Any]]
+    status: int = 422
+    reason: str = "invalid"
+
+    def __str__(self) -> str:
+        return f"{self.title}: " + "; ".join(
+            f"report {p['report']}: {p['message']}" if p.get("report") is not None else p["message"]
+            for p in self.problems[:5]
+        )
+
+
+@dataclass
+class Group:
+    """The reports of one metric version within a batch, in the mechanism's array form."""
+
+    metric: str
+    version: int
+    mechanism: Mechanism
+    positions: np.ndarray  # indices into the batch's distinct ids
+    buckets: np.ndarray  # time bucket (start, unix seconds) of each report
+    reports: np.ndarray
+
+
+@dataclass
+class PreparedBatch:
+    ids: list[bytes]
+    groups: list[Group] = field(default_factory=list)
+
+    def fold(self, new: list[bool]) -> list[PartialRow]:
+        """Statistics of the reports whose id is new, one row per (metric, version, bucket)."""
+        mask = np.asarray(new, dtype=bool)
+        rows = []
+        for group in self.groups:
+            keep = mask[group.positions]
+            if not keep.any():
+                continue
+            reports, buckets = group.reports[keep], group.buckets[keep]
+            for bucket in np.unique(buckets):
+                stats = group.mechanism.aggregate(reports[buckets == bucket])
+                rows.append(
+                    PartialRow(group.metric, group.version, int(bucket), stats.n, stats.to_bytes())
+                )
+        return rows
+
+
+def prepare(
+    batch: ReportBatch,
+    mechanism_of: Callable[[str, int], Mechanism | None],
+    bucket_seconds: int,
+    now: datetime,
+    oldest: datetime | None = None,
+) -> tuple[PreparedBatch, int]:
+    """Check a batch and group it; ``(prepared, duplicates within the batch)``.
+
+    ``mechanism_of(metric, version)`` is None for an unknown metric version. Reports
+    stamped before ``oldest`` (when given) are refused: their ids may no longer be kept.
+    """
+    problems: list[dict[str, Any]] = []
+    seen: set[bytes] = set()
+    ids: list[bytes] = []
+    members: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
+    current = int(now.timestamp()) // bucket_seconds * bucket_seconds
+    latest = now + FUTURE_TOLERANCE
+    for index, report in enumerate(batch.reports):
+        key = report.report_id.bytes
+        if key in seen:
+            continue  # the same report twice in one batch: one of them is a duplicate
+        if mechanism_of(report.metric, report.version) is None:
+            problems.append(
+                _problem(
+                    index, "metric", f"unknown metric {report.metric!r} version {report.version}"
+                )
+            )
+            continue
+        if report.time is None:
+            bucket = current
+        elif report.time > latest:
+            problems.append(
+                _problem(index, "time", f"time {report.time.isoformat()} is in the future")
+            )
+            continue
+        elif oldest is not None and report.time < oldest:
+            problems.append(
+                _problem(
+                    index, "time", f"time {report.time.isoformat()} is older than the server keeps"
+                )
+            )
+            continue
+        else:
+            bucket = int(report.time.timestamp()) // bucket_seconds * bucket_seconds
+        seen.add(key)
+        members.setdefault((report.metric, report.version), []).append((index, len(ids), bucket))
+        ids.append(key)
+    prepared = PreparedBatch(ids)
+    for (metric, version), items in members.items():
+        mechanism = mechanism_of(metric, version)
+        assert mechanism is not None
+        payloads = [batch.reports[index].payload for index, _, _ in items]
+        try:
+            reports = mechanism.from_payloads(payloads)
+        except ValueError:
+            problems.append(_first_bad_payload(mechanism, payloads, [i for i, _, _ in items]))
+            continue
+        prepared.groups.append(
+            Group(
+                metric,
+                version,
+                mechanism,
+                np.array([position for _, position, _ in items], dtype=np.int64),
+                np.array([bucket for _, _, bucket in items], dtype=np.int64),
+                reports,
+            )
+        )
+    if problems:
+        problems.sort(key=lambda p: p["report"])
+        raise BatchRejected("The batch has invalid reports; none was stored", problems)
+    return prepared, len(batch.reports) - len(ids)
+
+
+def _problem(index: int, field_name: str, message: str) -> dict[str, Any]:
+    return {"report": index, "field": field_name, "message": message}
+
+
+def _first_bad_payload(
+    mechanism: Mechanism, payloads: list[dict[str, Any]], indices: list[int]
+) -> dict[str, Any]:
+    """The first report whose payload the mechanism refuses, and why (the error path only)."""
+    for payload, index in zip(payloads, indices, strict=True):
+        try:
+            mechanism.from_payloads([payload])
+        except ValueError as error:
+            message = str(error).removeprefix("report 0: ").removeprefix("report 0 ")
+            return _problem(index, "payload", f"{mechanism.name} payload: {message}")
+    return _problem(indices[0], "payload", f"{mechanism.name} payloads are inconsistent")
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,78 @@
+"""Prometheus metrics and structured logs.
+
+Metrics (``GET /metrics``): reports accepted, duplicates, rejected by reason, ingest
+latency per batch, estimate latency, and requests by route and status. With several
+worker processes, ``PROMETHEUS_MULTIPROC_DIR`` (set by ``ldp-aggregator serve
+--workers N``) makes every process write its samples there and ``/metrics`` sum them.
+
+Logs are one JSON object per line on stderr: time, level, event and fields. They never
+carry a client address, a key, or report contents.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+
+REPORTS_ACCEPTED = Counter("ldp_reports_accepted", "Reports stored and counted.")
+REPORTS_DUPLICATE = Counter("ldp_reports_duplicate", "Reports ignored as already accepted.")
+REPORTS_REJECTED = Counter(
+    "ldp_reports_rejected", "Reports in batches refused, by reason.", ["reason"]
+)
+INGEST_SECONDS = Histogram(
+    "ldp_ingest_seconds",
+    "Time to validate and durably store one batch.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+)
+ESTIMATE_SECONDS = Histogram("ldp_estimate_seconds", "Time to compute one estimate.")
+REQUESTS = Counter("ldp_http_requests", "HTTP requests by route and status.", ["route", "status"])
+
+
+def exposition() -> tuple[bytes, str]:
+    """The metrics in Prometheus text format (summed over processes in multiprocess mode)."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(), CONTENT_TYPE_LATEST
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "event": record.getMessage(),
+        }
+        entry.update(getattr(record, "fields", {}))
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def configure_logging(level: str = "info") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger("ldp")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False
+
+
+def log(logger: logging.Logger, level: int, event: str, **fields: Any) -> None:
+    logger.log(level, event, extra={"fields": fields})

@@ -1,0 +1,122 @@
+"""Errors as RFC 9457 problem documents (``application/problem+json``).
+
+Every error the service returns is ``{"type", "title", "status", "detail", "instance"}``,
+plus ``errors``: a list of ``{"report", "field", "message"}`` saying where the request
+was wrong (``report`` is the index in the batch, or null). ``type`` is a stable URI
+per kind of problem, relative to ``/problems/``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+MEDIA_TYPE = "application/problem+json"
+
+
+class ProblemItem(BaseModel):
+    report: int | None = Field(default=None, description="Index of the report in the batch.")
+    field: str | None = None
+    message: str
+
+
+class Problem(BaseModel):
+    """An RFC 9457 problem document."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    instance: str | None = None
+    errors: list[ProblemItem] = Field(default_factory=list)
+
+
+class ProblemError(Exception):
+    """Raise to answer with a problem document."""
+
+    def __init__(
+        self,
+        status: int,
+        kind: str,
+        title: str,
+        detail: str,
+        errors: list[dict[str, Any]] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.status, self.kind, self.title, self.detail = status, kind, title, detail
+        self.errors = errors or []
+        self.headers = headers or {}
+
+
+def problem_response(
+    request: Request,
+    status: int,
+    kind: str,
+    title: str,
+    detail: str,
+    errors: list[dict[str, Any]] | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    body = Problem(
+        type=f"/problems/{kind}",
+        title=title,
+        status=status,
+        detail=detail,
+        instance=request.url.path,
+        errors=[ProblemItem.model_validate(e) for e in errors or []],
+    )
+    return JSONResponse(
+        body.model_dump(), status_code=status, media_type=MEDIA_TYPE, headers=headers
+    )
+
+
+async def handle_problem(request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, ProblemError)
+    return problem_response(
+        request, error.status, error.kind, error.title, error.detail, error.errors, error.headers
+    )
+
+
+async def handle_validation(request: Request, error: Exception) -> JSONResponse:
+    """Pydantic's errors, located: ``body.reports.3.payload`` becomes report 3, field payload."""
+    assert isinstance(error, RequestValidationError)
+    items = [_located(item) for item in error.errors()]
+    detail = "; ".join(
+        (f"report {i['report']}: " if i["report"] is not None else "")
+        + (f"{i['field']}: " if i["field"] else "")
+        + i["message"]
+        for i in items[:5]
+    )
+    if len(items) > 5:
+        detail += f"; and {len(items) - 5} more"
+    return problem_response(
+        request, 422, "invalid-request", "The request is invalid", detail, items
+    )
+
+
+def _located(item: dict[str, Any]) -> dict[str, Any]:
+    location = [str(part) for part in item.get("loc", ())]
+    report = None
+    if len(location) >= 3 and location[:2] == ["body", "reports"] and location[2].isdigit():
+        report = int(location[2])
+        location = location[3:]
+    elif location and location[0] in ("body", "query", "path", "header"):
+        location = location[1:] if location[0] == "body" else location
+    message = str(item.get("msg", "invalid"))
+    return {"report": report, "field": ".".join(location) or None, "message": message}
+
+
+async def handle_http(request: Request, error: Exception) -> JSONResponse:
+    """Framework errors (404 no such route, 405 wrong method, ...) as problem documents."""
+    assert isinstance(error, StarletteHTTPException)
+    detail = error.detail if isinstance(error.detail, str) else "request failed"
+    kind = {404: "not-found", 405: "method-not-allowed"}.get(error.status_code, "http-error")
+    return problem_response(
+        request, error.status_code, kind, detail, detail, headers=dict(error.headers or {})
+    )

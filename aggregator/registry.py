@@ -1,0 +1,158 @@
+"""Metric definitions: what a metric is, how it is versioned, and the built-in demo set.
+
+A metric is a name, a description, a ``MechanismSpec`` (the public privacy promise) and
+either ``labels`` (categorical metrics: the category names in index order; RAPPOR: the
+candidate strings the estimate decodes against) or nothing (numeric metrics, whose
+bounds are in the spec). Definitions come from a TOML file (``--config``) and from
+``PUT /v1/metrics/{name}``.
+
+Versions. Reports are made under one spec and can only be debiased under that spec, so
+a metric's spec is immutable once reports may exist: changing the mechanism, epsilon or
+any other spec field, or the labels (which give the indices their meaning), creates
+version v + 1. Reports carry the version they were made for and aggregate under it for
+ever. A change of description alone updates the current version in place.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from shared.schemas import MechanismSpec
+
+#: Metric names: lower-case letters, digits, '.', '_' and '-', starting with a letter or digit.
+METRIC_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+#: Longest label (category name or RAPPOR candidate string).
+MAX_LABEL_LENGTH = 512
+#: Most RAPPOR candidate strings a metric may list.
+MAX_CANDIDATES = 100_000
+
+
+class MetricDefinition(BaseModel):
+    """The body of ``PUT /v1/metrics/{name}`` and one metric of a TOML file."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    description: str = Field(default="", max_length=2000)
+    mechanism: MechanismSpec
+    labels: tuple[str, ...] | None = Field(
+        default=None,
+        description=(
+            "Categorical metrics: the category names in index order (exactly domain_size of "
+            "them). RAPPOR: the candidate strings to decode against. Numeric: omit."
+        ),
+    )
+
+    @field_validator("labels")
+    @classmethod
+    def _labels_are_distinct(cls, labels: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if labels is None:
+            return None
+        seen: set[str] = set()
+        for index, label in enumerate(labels):
+            if not label or len(label) > MAX_LABEL_LENGTH:
+                raise ValueError(f"label {index} must have 1..{MAX_LABEL_LENGTH} characters")
+            if label in seen:
+                raise ValueError(f"label {label!r} is listed more than once")
+            seen.add(label)
+        return labels
+
+    @model_validator(mode="after")
+    def _labels_fit_the_mechanism(self) -> MetricDefinition:
+        kind, labels = self.mechanism.kind, self.labels
+        if kind == "categorical" and labels is not None:
+            if len(labels) != self.mechanism.domain_size:
+                raise ValueError(
+                    f"labels: got {len(labels)} labels for domain_size "
+                    f"{self.mechanism.domain_size}; give one per category"
+                )
+        elif kind == "numeric" and labels is not None:
+            raise ValueError("labels: numeric metrics take no labels (their range is in the spec)")
+        elif kind == "string" and labels is not None and len(labels) > MAX_CANDIDATES:
+            raise ValueError(f"labels: at most {MAX_CANDIDATES} RAPPOR candidates")
+        return self
+
+
+class Metric(MetricDefinition):
+    """A stored metric version: a definition with its name and server-assigned version."""
+
+    name: str
+    version: int = Field(ge=1)
+
+    def label_of(self, index: int) -> str | None:
+        return self.labels[index] if self.labels is not None else None
+
+    def same_spec(self, definition: MetricDefinition) -> bool:
+        """Whether ``definition`` can share this version (it differs at most in description)."""
+        return self.mechanism == definition.mechanism and self.labels == definition.labels
+
+
+def check_metric_name(name: str) -> str:
+    if not METRIC_NAME.match(name):
+        raise ValueError(
+            f"metric name {name!r} must be 1..64 characters of a-z, 0-9, '.', '_' and '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def load_definitions(path: Path) -> dict[str, MetricDefinition]:
+    """Metric definitions from a TOML file: one table per metric, ``[metrics.NAME]``.
+
+    ``[metrics.NAME]`` holds ``description`` and ``labels``, ``[metrics.NAME.mechanism]``
+    the ``MechanismSpec`` fields. Raises ValueError naming the file, metric and field.
+    """
+    try:
+        document = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+        raise ValueError(f"cannot read metric config {path}: {error}") from None
+    tables = document.get("metrics")
+    if not isinstance(tables, dict) or not tables:
+        raise ValueError(f"{path}: expected one or more [metrics.NAME] tables")
+    return {name: parse_definition(name, body, str(path)) for name, body in tables.items()}
+
+
+def parse_definition(name: str, body: Any, source: str) -> MetricDefinition:
+    check_metric_name(name)
+    try:
+        return MetricDefinition.model_validate(body)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in item['loc']) or 'metric'}: {item['msg']}"
+            for item in error.errors()
+        )
+        raise ValueError(f"{source}: metric {name!r}: {problems}") from None
+
+
+def _spec(**fields: Any) -> MechanismSpec:
+    return MechanismSpec.model_validate(fields)
+
+
+#: What ``ldp-aggregator serve`` defines when given no ``--config``: one metric per kind.
+DEMO_METRICS: dict[str, MetricDefinition] = {
+    "app.theme": MetricDefinition(
+        description="Colour theme the user chose (demo, categorical, GRR).",
+        mechanism=_spec(mechanism="grr", epsilon=2.0, domain_size=3),
+        labels=("light", "dark", "system"),
+    ),
+    "app.start_screen": MetricDefinition(
+        description="Screen the app opened on (demo, categorical, chosen by variance).",
+        mechanism=_spec(mechanism="auto", epsilon=1.0, domain_size=8),
+        labels=("home", "search", "feed", "inbox", "profile", "settings", "camera", "map"),
+    ),
+    "app.session_minutes": MetricDefinition(
+        description="Session length in minutes, clipped to 0..120 (demo, numeric).",
+        mechanism=_spec(mechanism="piecewise", epsilon=1.0, lower=0.0, upper=120.0),
+    ),
+    "browser.home_page": MetricDefinition(
+        description="Home page host (demo, RAPPOR strings decoded against candidates).",
+        mechanism=_spec(
+            mechanism="rappor", num_bits=32, num_hashes=1, num_cohorts=64, f=0.5, p=0.25, q=0.75
+        ),
+        labels=("example.com", "example.org", "example.net", "news.example", "mail.example"),
+    ),
+}

@@ -1,0 +1,427 @@
+"""Durable state of the aggregator, through SQLAlchemy 2: SQLite (WAL) or PostgreSQL.
+
+Tables (schema version ``SCHEMA_VERSION``, checked at start):
+
+* ``metric_versions``: one row per (metric, version), the definition as JSON;
+* ``api_keys``: SHA-256 hashes of bearer keys with their role (never the keys);
+* ``report_ids``: every accepted ``report_id`` (16 bytes), the primary key that makes
+  ingest idempotent;
+* ``partial_stats``: append-only sufficient statistics, one row per (metric, version,
+  time bucket) per ingested batch; ``compact`` merges a group's rows into one.
+
+Exactly once. ``ingest`` runs in one transaction: insert the batch's report ids with
+ON CONFLICT DO NOTHING RETURNING (the ids that come back are the new ones), aggregate
+only the new reports, insert their partial statistics, commit. The reply is sent after
+the commit, so an acknowledged report is in both tables, and a report whose id is in
+``report_ids`` is in exactly one partial row: a retry of it is a duplicate, however
+the earlier attempt ended. Ids are inserted in sorted order, so concurrent PostgreSQL
+writers take row locks in one order and cannot deadlock; a writer that meets an id
+another transaction is inserting waits for it and then sees it as a duplicate.
+
+Many writers. Partial rows are only ever inserted, so concurrent batches do not
+contend for a row. ``compact`` deletes a group's rows with DELETE ... RETURNING and
+inserts their sum in the same transaction: a row is summed by exactly the one
+transaction that deleted it, so two compactors (or a compactor and a reader) never
+double count. SQLite serializes writers (``BEGIN IMMEDIATE``, busy timeout);
+PostgreSQL runs them concurrently at READ COMMITTED.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Engine,
+    Float,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    delete,
+    event,
+    func,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.engine import Connection
+from sqlalchemy.engine.url import make_url
+
+from aggregator.registry import Metric, MetricDefinition
+
+SCHEMA_VERSION = 1
+
+metadata = MetaData()
+
+schema_info = Table(
+    "schema_info",
+    metadata,
+    Column("key", String(32), primary_key=True),
+    Column("value", String(64), nullable=False),
+)
+
+metric_versions = Table(
+    "metric_versions",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("version", Integer, primary_key=True),
+    Column("definition", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("key_id", String(32), primary_key=True),
+    Column("key_hash", String(64), nullable=False, unique=True),
+    Column("role", String(16), nullable=False),
+    Column("label", String(200), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("revoked_at", Float, nullable=True),
+)
+
+report_ids = Table(
+    "report_ids",
+    metadata,
+    Column("report_id", LargeBinary(16), primary_key=True),
+    Column("received_hour", Integer, nullable=False),
+    sqlite_with_rowid=False,
+)
+
+partial_stats = Table(
+    "partial_stats",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
+    Column("metric", String(64), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("bucket", BigInteger, nullable=False),
+    Column("n", BigInteger, nullable=False),
+    Column("stats", LargeBinary, nullable=False),
+    Index("partial_stats_group", "metric", "version", "bucket"),
+)
+
+
+class SchemaMismatchError(RuntimeError):
+    """The database was created by an aggregator with another schema version."""
+
+
+@dataclass(frozen=True)
+class PartialRow:
+    """Statistics of some reports of one (metric, version, bucket), serialized."""
+
+    metric: str
+    version: int
+    bucket: int
+    n: int
+    stats: bytes
+
+
+def create_storage_engine(url: str) -> Engine:
+    """An engine for ``url``: a file path or ``sqlite:///...`` (WAL), or ``postgresql+psycopg://``.
+
+    A bare path means SQLite; its directory is created on first start.
+    """
+    if "://" not in url:
+        path = Path(url).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        url = f"sqlite:///{path}"
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        database = parsed.database or ""
+        if database in ("", ":memory:"):
+            raise ValueError("the aggregator needs a SQLite file, not an in-memory database")
+        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(parsed, connect_args={"timeout": 30.0, "check_same_thread": False})
+        _configure_sqlite(engine)
+        return engine
+    if parsed.get_backend_name() == "postgresql":
+        return create_engine(parsed, pool_pre_ping=True, pool_size=8, max_overflow=8)
+    raise ValueError(
+        f"unsupported database {parsed.get_backend_name()!r}: use SQLite or PostgreSQL"
+    )
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    """WAL, full fsync at commit, a busy timeout, and ``BEGIN IMMEDIATE`` for writes.
+
+    Python's sqlite3 begins transactions lazily (DEFERRED), so two writers could both
+    read and then fail to upgrade their locks; taking the write lock at BEGIN makes a
+    writer wait (busy timeout) instead. Reads pass ``sqlite_begin="DEFERRED"``.
+    """
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # we issue BEGIN ourselves
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=FULL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA cache_size=-65536")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        mode = connection.get_execution_options().get("sqlite_begin", "IMMEDIATE")
+        connection.exec_driver_sql(f"BEGIN {mode}")
+
+
+class Storage:
+    """Everything the service keeps, behind one object (thread-safe; one per process)."""
+
+    def __init__(self, url: str) -> None:
+        self.engine = create_storage_engine(url)
+        self.dialect = self.engine.dialect.name
+        # SQLite has one writer at a time: queue this process's writers on a lock rather
+        # than in SQLite's busy handler (which sleeps); other processes still wait there.
+        self._write_lock = threading.Lock() if self.dialect == "sqlite" else None
+        self._initialize()
+
+    # --- schema ------------------------------------------------------------------
+
+    def _initialize(self) -> None:
+        with self.engine.begin() as conn:
+            metadata.create_all(conn)
+            found = conn.execute(
+                select(schema_info.c.value).where(schema_info.c.key == "schema_version")
+            ).scalar_one_or_none()
+            if found is None:
+                conn.execute(
+                    insert(schema_info).values(key="schema_version", value=str(SCHEMA_VERSION))
+                )
+            elif found != str(SCHEMA_VERSION):
+                raise SchemaMismatchError(
+                    f"the database has schema version {found}; this aggregator needs "
+                    f"{SCHEMA_VERSION}"
+                )
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def _write(self) -> Iterator[Connection]:
+        if self._write_lock is None:
+            with self.engine.begin() as conn:
+                yield conn
+            return
+        with self._write_lock, self.engine.begin() as conn:
+            yield conn
+
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
+        with self.engine.connect() as conn:
+            if self.dialect == "sqlite":
+                conn = conn.execution_options(sqlite_begin="DEFERRED")
+            with conn.begin():
+                yield conn
+
+    def ping(self) -> None:
+        with self._read() as conn:
+            conn.execute(select(1)).scalar_one()
+
+    # --- metrics -----------------------------------------------------------------
+
+    def metrics(self) -> list[Metric]:
+        """Every version of every metric, by name then version."""
+        with self._read() as conn:
+            rows = conn.execute(
+                select(
+                    metric_versions.c.name, metric_versions.c.version, metric_versions.c.definition
+                ).order_by(metric_versions.c.name, metric_versions.c.version)
+            ).all()
+        return [_metric(row.name, row.version, row.definition) for row in rows]
+
+    def define_metric(self, name: str, definition: MetricDefinition) -> tuple[Metric, bool]:
+        """Store ``definition`` as ``name``'s current version; ``(metric, created)``.
+
+        A new version when the spec or labels differ from the current version's (or
+        there is none); otherwise the description is updated in place.
+        """
+        with self._write() as conn:
+            if self.dialect == "postgresql":  # serialize definers of one name
+                conn.exec_driver_sql(
+                    "SELECT pg_advisory_xact_lock(hashtext(%(name)s))", {"name": name}
+                )
+            row = conn.execute(
+                select(metric_versions.c.version, metric_versions.c.definition)
+                .where(metric_versions.c.name == name)
+                .order_by(metric_versions.c.version.desc())
+                .limit(1)
+            ).first()
+            document = definition.model_dump_json(exclude_none=True)
+            if row is not None:
+                current = _metric(name, row.version, row.definition)
+                if current.same_spec(definition):
+                    conn.execute(
+                        update(metric_versions)
+                        .where(metric_versions.c.name == name)
+                        .where(metric_versions.c.version == row.version)
+                        .values(definition=document)
+                    )
+                    return _metric(name, row.version, document), False
+            version = 1 if row is None else row.version + 1
+            conn.execute(
+                insert(metric_versions).values(
+                    name=name, version=version, definition=document, created_at=time.time()
+                )
+            )
+            return _metric(name, version, document), True
+
+    # --- API keys ----------------------------------------------------------------
+
+    def add_key(self, key_id: str, key_hash: str, role: str, label: str) -> bool:
+        """Store a key's hash; False (and nothing changes) when that hash is already stored."""
+        with self._write() as conn:
+            exists = conn.execute(
+                select(api_keys.c.key_id).where(api_keys.c.key_hash == key_hash)
+            ).first()
+            if exists is not None:
+                return False
+            conn.execute(
+                insert(api_keys).values(
+                    key_id=key_id,
+                    key_hash=key_hash,
+                    role=role,
+                    label=label,
+                    created_at=time.time(),
+                    revoked_at=None,
+                )
+            )
+            return True
+
+    def keys(self) -> list[dict[str, Any]]:
+        with self._read() as conn:
+            rows = conn.execute(select(api_keys).order_by(api_keys.c.created_at)).mappings().all()
+        return [dict(row) for row in rows]
+
+    def revoke_key(self, key_id: str) -> bool:
+        with self._write() as conn:
+            result = conn.execute(
+                update(api_keys)
+                .where(api_keys.c.key_id == key_id)
+                .where(api_keys.c.revoked_at.is_(None))
+                .values(revoked_at=time.time())
+            )
+            return result.rowcount == 1
+
+    def count_keys(self) -> int:
+        with self._read() as conn:
+            return int(conn.execute(select(func.count()).select_from(api_keys)).scalar_one())
+
+    # --- reports -----------------------------------------------------------------
+
+    def ingest(self, ids: Sequence[bytes], fold: Any) -> tuple[int, int]:
+        """Record ``ids`` (distinct 16-byte report ids) and their statistics atomically.
+
+        ``fold(new)`` gets the boolean mask of the ids not seen before and returns the
+        ``PartialRow``s of those reports; both are written in one transaction.
+        Returns ``(accepted, duplicates)``.
+        """
+        order = sorted(range(len(ids)), key=ids.__getitem__)
+        ordered = [ids[i] for i in order]
+        hour = int(time.time() // 3600)
+        with self._write() as conn:
+            inserted = self._insert_ids(conn, ordered, hour)
+            new = [ids[i] in inserted for i in range(len(ids))]
+            rows = fold(new) if inserted else []
+            if rows:
+                conn.execute(insert(partial_stats), [row.__dict__ for row in rows])
+        return len(inserted), len(ids) - len(inserted)
+
+    def _insert_ids(self, conn: Connection, ordered: list[bytes], hour: int) -> set[bytes]:
+        if self.dialect == "postgresql":
+            result = conn.exec_driver_sql(
+                "INSERT INTO report_ids (report_id, received_hour) "
+                "SELECT unnest(%(ids)s::bytea[]), %(hour)s "
+                "ON CONFLICT DO NOTHING RETURNING report_id",
+                {"ids": ordered, "hour": hour},
+            )
+            return {bytes(row[0]) for row in result}
+        inserted: set[bytes] = set()
+        for start in range(0, len(ordered), 4096):  # well under SQLite's 32766 variables
+            chunk = ordered[start : start + 4096]
+            values = ",".join(["(?, ?)"] * len(chunk))
+            params: list[Any] = []
+            for report_id in chunk:
+                params += (report_id, hour)
+            result = conn.exec_driver_sql(
+                f"INSERT INTO report_ids (report_id, received_hour) VALUES {values} "
+                "ON CONFLICT DO NOTHING RETURNING report_id",
+                tuple(params),
+            )
+            inserted.update(bytes(row[0]) for row in result)
+        return inserted
+
+    def partial_rows(
+        self, metric: str, version: int, start: int | None = None, end: int | None = None
+    ) -> list[PartialRow]:
+        """The partial statistics of one metric version with ``start <= bucket < end``."""
+        query = (
+            select(partial_stats)
+            .where(partial_stats.c.metric == metric)
+            .where(partial_stats.c.version == version)
+        )
+        if start is not None:
+            query = query.where(partial_stats.c.bucket >= start)
+        if end is not None:
+            query = query.where(partial_stats.c.bucket < end)
+        with self._read() as conn:
+            rows = conn.execute(query).all()
+        return [PartialRow(r.metric, r.version, r.bucket, r.n, bytes(r.stats)) for r in rows]
+
+    def add_partial_rows(self, rows: Sequence[PartialRow]) -> None:
+        """Insert statistics directly (loading, benchmarks); no report ids are recorded."""
+        with self._write() as conn:
+            conn.execute(insert(partial_stats), [row.__dict__ for row in rows])
+
+    def report_count(self) -> int:
+        """How many distinct report ids have been accepted."""
+        with self._read() as conn:
+            return int(conn.execute(select(func.count()).select_from(report_ids)).scalar_one())
+
+    def groups_to_compact(self, min_rows: int = 2) -> list[tuple[str, int, int]]:
+        """The (metric, version, bucket) groups holding at least ``min_rows`` partial rows."""
+        key = (partial_stats.c.metric, partial_stats.c.version, partial_stats.c.bucket)
+        with self._read() as conn:
+            rows = conn.execute(select(*key).group_by(*key).having(func.count() >= min_rows)).all()
+        return [(row[0], row[1], row[2]) for row in rows]
+
+    def compact_group(self, metric: str, version: int, bucket: int, merge: Any) -> int:
+        """Replace a group's partial rows by one row, their ``merge``; returns rows merged.
+
+        ``merge(list of stats bytes) -> (n, stats bytes)``. DELETE ... RETURNING hands
+        each row to exactly one transaction, so concurrent compactions never double count.
+        """
+        with self._write() as conn:
+            deleted = conn.execute(
+                delete(partial_stats)
+                .where(partial_stats.c.metric == metric)
+                .where(partial_stats.c.version == version)
+                .where(partial_stats.c.bucket == bucket)
+                .returning(partial_stats.c.stats)
+            ).all()
+            if len(deleted) == 0:
+                return 0
+            n, stats = merge([bytes(row[0]) for row in deleted])
+            conn.execute(
+                insert(partial_stats).values(
+                    metric=metric, version=version, bucket=bucket, n=n, stats=stats
+                )
+            )
+            return len(deleted)
+
+
+def _metric(name: str, version: int, document: str) -> Metric:
+    return Metric.model_validate({**json.loads(document), "name": name, "version": version})
