@@ -457,5 +457,4 @@ async def _compact_periodically(service: Aggregator, interval: float) -> None:
 
 def app_from_environment() -> FastAPI:
     """The application configured by ``LDP_*`` variables (what each uvicorn worker builds)."""
-    obs.configure_logging()
     return create_app(Settings.from_environment())

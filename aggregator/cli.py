@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from aggregator.auth import ROLES, KeyRing, bootstrap_keys
+from aggregator.observability import uvicorn_log_config
 from aggregator.registry import DEMO_METRICS, load_definitions
 from aggregator.service import Aggregator
 from aggregator.settings import Settings
@@ -114,6 +115,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         workers=args.workers,
         access_log=False,  # access logs would carry client addresses
         log_level=args.log_level,
+        log_config=uvicorn_log_config(args.log_level),
         timeout_graceful_shutdown=30,
     )
     return 0

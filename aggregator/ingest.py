@@ -29,6 +29,28 @@ from shared.mechanisms import Mechanism
 FUTURE_TOLERANCE = timedelta(hours=1)
 
 
+def _payload_schema(title: str, **properties: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "title": title,
+        "type": "object",
+        "properties": properties,
+        "required": sorted(properties),
+        "additionalProperties": False,
+    }
+
+
+_INTEGER: dict[str, Any] = {"type": "integer"}
+_BASE64: dict[str, Any] = {"type": "string", "contentEncoding": "base64"}
+#: The payload shapes of the mechanisms (OpenAPI documentation; ``from_payloads`` checks).
+PAYLOAD_SCHEMAS: list[dict[str, Any]] = [
+    _payload_schema("IndexPayload", value=_INTEGER),
+    _payload_schema("NumberPayload", value={"type": "number"}),
+    _payload_schema("BitsPayload", bits=_BASE64),
+    _payload_schema("HashPayload", a=_INTEGER, b=_INTEGER, value=_INTEGER),
+    _payload_schema("RapporPayload", cohort=_INTEGER, bits=_BASE64),
+]
+
+
 class ReportIn(BaseModel):
     """One perturbed report. It carries nothing that identifies the device."""
 
@@ -41,11 +63,12 @@ class ReportIn(BaseModel):
     )
     payload: dict[str, Any] = Field(
         description=(
-            "The mechanism's report: {'value': int} (grr, hr, laplace: grid index, duchi: "
-            "+1/-1), {'value': number} (piecewise), {'bits': base64} (sue, oue; "
+            "The mechanism's report: {'value': int} (grr, hr; laplace: grid index; duchi: "
+            "+1/-1), {'value': number} (piecewise), {'bits': base64} (sue, oue: "
             "numpy.packbits bytes), {'a', 'b', 'value'} (olh), {'cohort': int, 'bits': "
-            "base64} (rappor; bit i is bit i % 8 of byte i // 8)."
-        )
+            "base64} (rappor: bit i is bit i % 8 of byte i // 8)."
+        ),
+        json_schema_extra={"anyOf": PAYLOAD_SCHEMAS},
     )
     time: datetime | None = Field(
         default=None,
@@ -190,6 +213,10 @@ def prepare(
         mechanism = mechanism_of(metric, version)
         assert mechanism is not None
         payloads = [batch.reports[index].payload for index, _, _ in items]
+        unexpected = _unexpected_fields(mechanism, payloads, [index for index, _, _ in items])
+        if unexpected is not None:
+            problems.append(unexpected)
+            continue
         try:
             reports = mechanism.from_payloads(payloads)
         except ValueError:
@@ -213,6 +240,23 @@ def prepare(
 
 def _problem(index: int, field_name: str, message: str) -> dict[str, Any]:
     return {"report": index, "field": field_name, "message": message}
+
+
+def _unexpected_fields(
+    mechanism: Mechanism, payloads: list[dict[str, Any]], indices: list[int]
+) -> dict[str, Any] | None:
+    """The first payload with a key the mechanism's payload does not have, if any."""
+    allowed = mechanism.payload_fields
+    for payload, index in zip(payloads, indices, strict=True):
+        extra = payload.keys() - allowed
+        if extra:
+            return _problem(
+                index,
+                "payload",
+                f"{mechanism.name} payload: unexpected field(s) {sorted(extra)}; "
+                f"expected {sorted(allowed)}",
+            )
+    return None
 
 
 def _first_bad_payload(

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import time
 from typing import Any
 
@@ -65,14 +64,21 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-def configure_logging(level: str = "info") -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger("ldp")
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    root.propagate = False
-
-
 def log(logger: logging.Logger, level: int, event: str, **fields: Any) -> None:
     logger.log(level, event, extra={"fields": fields})
+
+
+def uvicorn_log_config(level: str = "info") -> dict[str, Any]:
+    """uvicorn's logging configuration: its own messages as JSON lines too, no access log."""
+    handler = {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": "aggregator.observability.JsonFormatter"}},
+        "handlers": {"default": handler},
+        "loggers": {
+            "uvicorn": {"handlers": ["default"], "level": level.upper(), "propagate": False},
+            "uvicorn.error": {"level": level.upper()},
+            "ldp": {"handlers": ["default"], "level": level.upper(), "propagate": False},
+        },
+    }

@@ -34,6 +34,8 @@ class Mechanism(ABC, Generic[StatsT, EstimateT]):
     """An epsilon-LDP mechanism: randomizer, sufficient statistics and estimator."""
 
     name: ClassVar[str]
+    #: The keys of one report's JSON payload (``to_payloads``); no other key is accepted.
+    payload_fields: ClassVar[frozenset[str]]
 
     def __init__(self, spec: MechanismSpec) -> None:
         if spec.mechanism != self.name:
@@ -96,6 +98,7 @@ class IndexReports:
     """Wire form of mechanisms whose report is one integer: payload ``{"value": int}``."""
 
     check_reports: Callable[[np.ndarray], np.ndarray]  # from the mechanism it is mixed into
+    payload_fields: ClassVar[frozenset[str]] = frozenset({"value"})
 
     def to_payloads(self, reports: np.ndarray) -> list[dict[str, Any]]:
         return [{"value": int(v)} for v in self.check_reports(reports)]

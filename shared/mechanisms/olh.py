@@ -66,6 +66,7 @@ def smallest_prime_at_least(n: int) -> int:
 
 class OptimizedLocalHashing(CategoricalMechanism):
     name = "olh"
+    payload_fields = frozenset({"a", "b", "value"})
 
     def __init__(self, spec: MechanismSpec) -> None:
         super().__init__(spec)

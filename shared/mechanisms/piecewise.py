@@ -37,6 +37,7 @@ from shared.randomness import Rng, as_source
 
 class PiecewiseMechanism(NumericMechanism):
     name = "piecewise"
+    payload_fields = frozenset({"value"})
 
     @property
     def z(self) -> float:

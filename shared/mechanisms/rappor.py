@@ -300,6 +300,8 @@ class RapporEstimate(Estimate):
 class Rappor(Mechanism[CountStatistics, Estimate]):
     """RAPPOR over strings: Bloom filter, cohorts, memoized PRR, fresh IRR, candidate decoding."""
 
+    payload_fields = frozenset({"cohort", "bits"})
+
     name = "rappor"
     kind: ClassVar[str] = "string"
 

@@ -87,6 +87,8 @@ def _add_halves(planes: list[np.ndarray]) -> list[np.ndarray]:
 class UnaryEncoding(CategoricalMechanism):
     """Shared body of SUE and OUE; subclasses fix p and q."""
 
+    payload_fields = frozenset({"bits"})
+
     @property
     def row_bytes(self) -> int:
         return (self.domain_size + 7) // 8

@@ -312,6 +312,7 @@ def test_payloads_round_trip_through_json(name: str, data: st.DataObject) -> Non
     payloads = mech.to_payloads(reports)
     assert len(payloads) == reports.shape[0]
     assert all(isinstance(payload, dict) for payload in payloads)
+    assert all(payload.keys() == mech.payload_fields for payload in payloads)
     text = json.dumps(payloads, allow_nan=False)  # strict JSON, as the HTTP API sends it
     back = mech.from_payloads(json.loads(text))
     assert back.shape == reports.shape
