@@ -314,7 +314,7 @@ def create_app(settings: Settings, aggregator: Aggregator | None = None) -> Fast
         try:
             batch = ReportBatch.model_validate_json(body)
         except ValidationError as error:
-            obs.REPORTS_REJECTED.labels("invalid").inc()
+            obs.BATCHES_REJECTED.labels("malformed").inc()
             raise RequestValidationError(
                 [{**e, "loc": ("body", *e["loc"])} for e in error.errors(include_url=False)]
             ) from None
@@ -322,6 +322,7 @@ def create_app(settings: Settings, aggregator: Aggregator | None = None) -> Fast
             result = await run_in_threadpool(service.ingest, batch)
         except BatchRejected as rejected:
             obs.REPORTS_REJECTED.labels(rejected.reason).inc(len(batch.reports))
+            obs.BATCHES_REJECTED.labels(rejected.reason).inc()
             raise ProblemError(
                 rejected.status,
                 "invalid-batch" if rejected.status == 422 else "too-large",

@@ -13,14 +13,14 @@ that records the ids.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol, cast
 from uuid import UUID
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.json_schema import JsonDict
 
 from aggregator.storage import PartialRow
 from shared.mechanisms import Mechanism
@@ -59,7 +59,7 @@ class ReportIn(BaseModel):
     report_id: UUID = Field(description="Random UUID chosen by the device; retries reuse it.")
     metric: str = Field(min_length=1, max_length=64)
     version: int = Field(
-        ge=1, le=2**31 - 1, description="The metric version the report was made for."
+        strict=True, ge=1, le=2**31 - 1, description="The metric version the report was made for."
     )
     payload: dict[str, Any] = Field(
         description=(
@@ -68,7 +68,7 @@ class ReportIn(BaseModel):
             "numpy.packbits bytes), {'a', 'b', 'value'} (olh), {'cohort': int, 'bits': "
             "base64} (rappor: bit i is bit i % 8 of byte i // 8)."
         ),
-        json_schema_extra={"anyOf": PAYLOAD_SCHEMAS},
+        json_schema_extra=cast(JsonDict, {"anyOf": PAYLOAD_SCHEMAS}),
     )
     time: datetime | None = Field(
         default=None,
@@ -133,7 +133,7 @@ class Group:
     metric: str
     version: int
     mechanism: Mechanism
-    positions: np.ndarray  # indices into the batch's distinct ids
+    positions: np.ndarray  # indices into the batch's distinct ids; -1 for a repeated id
     buckets: np.ndarray  # time bucket (start, unix seconds) of each report
     reports: np.ndarray
 
@@ -148,7 +148,7 @@ class PreparedBatch:
         mask = np.asarray(new, dtype=bool)
         rows = []
         for group in self.groups:
-            keep = mask[group.positions]
+            keep = (group.positions >= 0) & mask[np.maximum(group.positions, 0)]
             if not keep.any():
                 continue
             reports, buckets = group.reports[keep], group.buckets[keep]
@@ -160,34 +160,36 @@ class PreparedBatch:
         return rows
 
 
+class MechanismLookup(Protocol):
+    """Where ``prepare`` finds metric versions (``aggregator.service.Catalog``)."""
+
+    def mechanism(self, name: str, version: int) -> Mechanism | None: ...
+
+    def versions(self, name: str) -> list[Any]: ...
+
+
 def prepare(
     batch: ReportBatch,
-    mechanism_of: Callable[[str, int], Mechanism | None],
+    catalog: MechanismLookup,
     bucket_seconds: int,
     now: datetime,
     oldest: datetime | None = None,
 ) -> tuple[PreparedBatch, int]:
-    """Check a batch and group it; ``(prepared, duplicates within the batch)``.
+    """Check every report of a batch and group them; ``(prepared, repeats within the batch)``.
 
-    ``mechanism_of(metric, version)`` is None for an unknown metric version. Reports
-    stamped before ``oldest`` (when given) are refused: their ids may no longer be kept.
+    Reports stamped before ``oldest`` (when given) are refused: their ids may no longer
+    be kept. A report id that occurs twice in the batch is checked both times and
+    counted once (the repeat is a duplicate).
     """
     problems: list[dict[str, Any]] = []
-    seen: set[bytes] = set()
+    first_position: dict[bytes, int] = {}
     ids: list[bytes] = []
     members: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
     current = int(now.timestamp()) // bucket_seconds * bucket_seconds
     latest = now + FUTURE_TOLERANCE
     for index, report in enumerate(batch.reports):
-        key = report.report_id.bytes
-        if key in seen:
-            continue  # the same report twice in one batch: one of them is a duplicate
-        if mechanism_of(report.metric, report.version) is None:
-            problems.append(
-                _problem(
-                    index, "metric", f"unknown metric {report.metric!r} version {report.version}"
-                )
-            )
+        if catalog.mechanism(report.metric, report.version) is None:
+            problems.append(_unknown(catalog, index, report.metric, report.version))
             continue
         if report.time is None:
             bucket = current
@@ -205,12 +207,17 @@ def prepare(
             continue
         else:
             bucket = int(report.time.timestamp()) // bucket_seconds * bucket_seconds
-        seen.add(key)
-        members.setdefault((report.metric, report.version), []).append((index, len(ids), bucket))
-        ids.append(key)
+        key = report.report_id.bytes
+        position = first_position.get(key, -1)
+        if position < 0:
+            position = first_position[key] = len(ids)
+            ids.append(key)
+        else:
+            position = -1  # a repeat: checked, never folded
+        members.setdefault((report.metric, report.version), []).append((index, position, bucket))
     prepared = PreparedBatch(ids)
     for (metric, version), items in members.items():
-        mechanism = mechanism_of(metric, version)
+        mechanism = catalog.mechanism(metric, version)
         assert mechanism is not None
         payloads = [batch.reports[index].payload for index, _, _ in items]
         unexpected = _unexpected_fields(mechanism, payloads, [index for index, _, _ in items])
@@ -236,6 +243,15 @@ def prepare(
         problems.sort(key=lambda p: p["report"])
         raise BatchRejected("The batch has invalid reports; none was stored", problems)
     return prepared, len(batch.reports) - len(ids)
+
+
+def _unknown(catalog: MechanismLookup, index: int, metric: str, version: int) -> dict[str, Any]:
+    known = [m.version for m in catalog.versions(metric)]
+    if not known:
+        return _problem(index, "metric", f"unknown metric {metric!r}")
+    return _problem(
+        index, "version", f"metric {metric!r} has no version {version} (it has {known})"
+    )
 
 
 def _problem(index: int, field_name: str, message: str) -> dict[str, Any]:

@@ -29,8 +29,11 @@ from prometheus_client import (
 REPORTS_ACCEPTED = Counter("ldp_reports_accepted", "Reports stored and counted.")
 REPORTS_DUPLICATE = Counter("ldp_reports_duplicate", "Reports ignored as already accepted.")
 REPORTS_REJECTED = Counter(
-    "ldp_reports_rejected", "Reports in batches refused, by reason.", ["reason"]
+    "ldp_reports_rejected",
+    "Reports in refused batches (when the batch parsed), by reason.",
+    ["reason"],
 )
+BATCHES_REJECTED = Counter("ldp_batches_rejected", "Batches refused, by reason.", ["reason"])
 INGEST_SECONDS = Histogram(
     "ldp_ingest_seconds",
     "Time to validate and durably store one batch.",

@@ -6,6 +6,7 @@ Routes (``aggregator/app.py``) validate and delegate here; the math is the mecha
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from aggregator.registry import Metric, MetricDefinition, check_metric_name
 from aggregator.settings import Settings
 from aggregator.storage import Storage
 from shared.mechanisms import Mechanism, make_mechanism
+
+logger = logging.getLogger("ldp.aggregator")
 
 
 class UnknownMetricError(LookupError):
@@ -52,12 +55,24 @@ class Catalog:
         self.reload()
 
     def reload(self) -> None:
-        metrics = {(m.name, m.version): m for m in self._storage.metrics()}
+        """Read every metric version; one whose mechanism cannot be built is left out (logged)."""
         with self._lock:
-            for key, metric in metrics.items():
-                if key not in self._mechanisms or self._metrics[key].mechanism != metric.mechanism:
-                    self._mechanisms[key] = make_mechanism(metric.mechanism)
-            self._metrics = metrics
+            known_metrics, known = dict(self._metrics), dict(self._mechanisms)
+        metrics: dict[tuple[str, int], Metric] = {}
+        mechanisms: dict[tuple[str, int], Mechanism] = {}
+        for metric in self._storage.metrics():
+            key = (metric.name, metric.version)
+            if key in known and known_metrics[key].mechanism == metric.mechanism:
+                mechanisms[key] = known[key]
+            else:
+                try:
+                    mechanisms[key] = make_mechanism(metric.mechanism)
+                except ValueError as error:
+                    logger.error("metric %s version %s is unusable: %s", *key, error)
+                    continue
+            metrics[key] = metric
+        with self._lock:
+            self._metrics, self._mechanisms = metrics, mechanisms
             self._loaded_at = time.monotonic()
 
     def get(self, name: str, version: int | None = None) -> Metric | None:
@@ -117,6 +132,7 @@ class Aggregator:
 
     def define(self, name: str, definition: MetricDefinition) -> tuple[Metric, bool]:
         check_metric_name(name)
+        make_mechanism(definition.mechanism)  # refuse a spec the mechanism cannot serve
         metric, created = self.storage.define_metric(name, definition)
         self.catalog.reload()
         return metric, created
@@ -145,9 +161,7 @@ class Aggregator:
             )
         now = now or utc_now()
         oldest = now - timedelta(hours=self.settings.dedupe_retention_hours)
-        prepared, repeated = prepare(
-            batch, self.catalog.mechanism, self.settings.bucket_seconds, now, oldest
-        )
+        prepared, repeated = prepare(batch, self.catalog, self.settings.bucket_seconds, now, oldest)
         accepted, duplicates = self.storage.ingest(prepared.ids, prepared.fold)
         return IngestResult(accepted=accepted, duplicates=duplicates + repeated)
 

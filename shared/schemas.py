@@ -44,6 +44,10 @@ RAPPOR_FIELDS: tuple[str, ...] = ("num_bits", "num_hashes", "num_cohorts", "f", 
 #: Largest epsilon a spec may carry. Beyond it local noise is negligible and
 #: e^epsilon-sized parameters (OLH's bucket count) stop fitting in 64 bits.
 MAX_EPSILON = 20.0
+#: Smallest epsilon a spec may carry. Below it a mechanism's two output probabilities
+#: agree to ~1e-3, the estimates' variance exceeds 10^6 / n, and in floating point
+#: e^epsilon rounds towards 1 (the debiasing divides by e^epsilon - 1).
+MIN_EPSILON = 1e-3
 #: Largest categorical domain: a unary-encoding report is domain_size bits.
 MAX_DOMAIN_SIZE = 1 << 20
 #: Largest grid for the discrete-Laplace mechanism.
@@ -123,7 +127,7 @@ class MechanismSpec(BaseModel):
     # whose validator fills it in, so the default None never survives validation.
     epsilon: float = Field(  # type: ignore[assignment]
         default=None,
-        gt=0.0,
+        ge=MIN_EPSILON,
         le=MAX_EPSILON,
         allow_inf_nan=False,
         description=(
@@ -262,6 +266,12 @@ class MechanismSpec(BaseModel):
             raise ValueError(
                 f"epsilon_one = {derived} implied by num_hashes={self.num_hashes}, f={self.f}, "
                 f"p={self.p}, q={self.q} exceeds {MAX_EPSILON}; raise f or bring p and q closer"
+            )
+        if derived < MIN_EPSILON:
+            raise ValueError(
+                f"epsilon_one = {derived} implied by num_hashes={self.num_hashes}, f={self.f}, "
+                f"p={self.p}, q={self.q} is below {MIN_EPSILON}: the reports would carry no "
+                "signal; lower f or move p and q apart"
             )
         if self.epsilon is None:
             # Frozen model: set the derived field once, here, during validation.

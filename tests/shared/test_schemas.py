@@ -18,6 +18,7 @@ from shared.schemas import (
     MAX_DOMAIN_SIZE,
     MAX_EPSILON,
     MAX_GRID_STEPS,
+    MIN_EPSILON,
     NUMERIC_MECHANISMS,
     RAPPOR_FIELDS,
     STRING_MECHANISMS,
@@ -89,14 +90,25 @@ def test_schema_names_match_the_registry() -> None:
 @pytest.mark.parametrize("name", CATEGORICAL + NUMERIC)
 @pytest.mark.parametrize(
     "epsilon",
-    [0.0, -0.0, -1.0, -math.inf, math.nan, math.inf, MAX_EPSILON * (1 + 1e-12), 1e300],
+    [
+        0.0,
+        -0.0,
+        -1.0,
+        1e-300,
+        MIN_EPSILON * (1 - 1e-12),
+        -math.inf,
+        math.nan,
+        math.inf,
+        MAX_EPSILON * (1 + 1e-12),
+        1e300,
+    ],
 )
 def test_epsilon_must_be_positive_finite_and_at_most_the_maximum(name: str, epsilon: float) -> None:
     assert_refused({**valid_fields(name), "epsilon": epsilon}, "epsilon")
 
 
 @pytest.mark.parametrize("name", CATEGORICAL + NUMERIC)
-@pytest.mark.parametrize("epsilon", [1e-9, 0.5, MAX_EPSILON])
+@pytest.mark.parametrize("epsilon", [MIN_EPSILON, 0.5, MAX_EPSILON])
 def test_epsilon_bounds_are_inclusive_where_they_should_be(name: str, epsilon: float) -> None:
     assert MechanismSpec(**{**valid_fields(name), "epsilon": epsilon}).epsilon == epsilon
 

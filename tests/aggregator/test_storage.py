@@ -1,0 +1,388 @@
+"""The storage layer, on SQLite and on PostgreSQL (``database_url`` runs every test on both).
+
+Covers the schema and its version check, metric versioning, API key rows, exactly-once
+ingest (including a fold that fails and concurrent writers of overlapping ids), partial
+rows by time bucket, and compaction (including two compactors at once).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+import pytest
+from sqlalchemy import inspect, update
+
+from aggregator.registry import MetricDefinition
+from aggregator.storage import (
+    SCHEMA_VERSION,
+    PartialRow,
+    SchemaMismatchError,
+    Storage,
+    schema_info,
+)
+from shared.schemas import MechanismSpec
+from shared.statistics import CountStatistics
+
+HOUR = 3600
+#: Length of the count vectors the tests store (a metric with four categories).
+WIDTH = 4
+
+
+@pytest.fixture
+def storage(database_url: str) -> Iterator[Storage]:
+    """A Storage over a fresh database, closed after the test."""
+    store = Storage(database_url)
+    yield store
+    store.close()
+
+
+def definition(
+    mechanism: str = "grr",
+    epsilon: float = 1.0,
+    domain_size: int = 3,
+    labels: tuple[str, ...] | None = ("a", "b", "c"),
+    description: str = "",
+) -> MetricDefinition:
+    spec = MechanismSpec.model_validate(
+        {"mechanism": mechanism, "epsilon": epsilon, "domain_size": domain_size}
+    )
+    return MetricDefinition(description=description, mechanism=spec, labels=labels)
+
+
+def ids(count: int, start: int = 0) -> list[bytes]:
+    """``count`` distinct 16-byte report ids, deterministic (UUIDs start .. start + count - 1)."""
+    return [uuid.UUID(int=start + i + 1).bytes for i in range(count)]
+
+
+def count_row(metric: str, version: int, bucket: int, counts: Sequence[int]) -> PartialRow:
+    """A partial row whose statistics are ``counts`` with n = their sum."""
+    stats = CountStatistics(int(sum(counts)), np.array(counts, dtype=np.int64))
+    return PartialRow(metric, version, bucket, stats.n, stats.to_bytes())
+
+
+def merge_counts(blobs: list[bytes]) -> tuple[int, bytes]:
+    """The ``merge`` callback of ``compact_group`` for CountStatistics."""
+    total = CountStatistics.empty(WIDTH)
+    for blob in blobs:
+        total = total.merge(CountStatistics.from_bytes(blob))
+    return total.n, total.to_bytes()
+
+
+def counting_fold(metric: str = "m", bucket: int = 0) -> Callable[[list[bool]], list[PartialRow]]:
+    """A fold that stores one row: n = the number of new ids, counts[0] = n."""
+
+    def fold(new: list[bool]) -> list[PartialRow]:
+        n = sum(new)
+        return [count_row(metric, 1, bucket, [n, 0, 0, 0])] if n else []
+
+    return fold
+
+
+def total_n(storage: Storage, metric: str = "m", version: int = 1) -> int:
+    return sum(row.n for row in storage.partial_rows(metric, version))
+
+
+def merged(rows: Sequence[PartialRow]) -> CountStatistics:
+    total = CountStatistics.empty(WIDTH)
+    for row in rows:
+        total = total.merge(CountStatistics.from_bytes(row.stats))
+    return total
+
+
+# --- schema ------------------------------------------------------------------------
+
+
+def test_schema_is_created_with_its_version(storage: Storage, database_url: str) -> None:
+    tables = set(inspect(storage.engine).get_table_names())
+    assert {"schema_info", "metric_versions", "api_keys", "report_ids", "partial_stats"} <= tables
+    with storage.engine.connect() as conn:
+        rows = conn.execute(schema_info.select()).all()
+    assert [(row.key, row.value) for row in rows] == [("schema_version", str(SCHEMA_VERSION))]
+    storage.ping()
+    # Opening the same database again finds the schema and changes nothing.
+    again = Storage(database_url)
+    try:
+        assert again.report_count() == 0
+        with again.engine.connect() as conn:
+            assert len(conn.execute(schema_info.select()).all()) == 1
+    finally:
+        again.close()
+
+
+def test_a_different_schema_version_is_refused(storage: Storage, database_url: str) -> None:
+    with storage.engine.begin() as conn:
+        conn.execute(
+            update(schema_info)
+            .where(schema_info.c.key == "schema_version")
+            .values(value=str(SCHEMA_VERSION + 1))
+        )
+    storage.close()
+    with pytest.raises(SchemaMismatchError, match=f"schema version {SCHEMA_VERSION + 1}"):
+        Storage(database_url)
+
+
+# --- metrics -----------------------------------------------------------------------
+
+
+def test_metric_versions(storage: Storage) -> None:
+    first, created = storage.define_metric("m", definition(description="first"))
+    assert created and first.version == 1 and first.description == "first"
+
+    # Same spec and labels: the same version, the description updated in place.
+    same, created = storage.define_metric("m", definition(description="reworded"))
+    assert not created and same.version == 1 and same.description == "reworded"
+
+    changes = [
+        definition(epsilon=2.0),  # epsilon
+        definition(mechanism="oue", epsilon=2.0),  # mechanism
+        definition(mechanism="oue", epsilon=2.0, labels=("x", "y", "z")),  # labels
+        definition(mechanism="oue", epsilon=2.0, labels=None),  # labels dropped
+        definition(mechanism="oue", epsilon=2.0, domain_size=4, labels=None),  # domain
+    ]
+    for expected, changed in enumerate(changes, start=2):
+        metric, created = storage.define_metric("m", changed)
+        assert created and metric.version == expected
+        assert metric.mechanism == changed.mechanism and metric.labels == changed.labels
+
+    storage.define_metric("other", definition())
+    listed = storage.metrics()
+    assert [(m.name, m.version) for m in listed] == [("m", v) for v in range(1, 7)] + [("other", 1)]
+    # Every old version keeps its own spec.
+    assert listed[0].mechanism == definition().mechanism
+    assert listed[0].description == "reworded"
+    assert listed[1].mechanism.epsilon == 2.0 and listed[1].mechanism.mechanism == "grr"
+    assert listed[3].labels == ("x", "y", "z")
+    # Going back to an earlier spec is a new version too: versions only ever grow.
+    metric, created = storage.define_metric("m", definition())
+    assert created and metric.version == 7
+
+
+# --- API keys ----------------------------------------------------------------------
+
+
+def test_keys_add_duplicate_and_revoke(storage: Storage) -> None:
+    assert storage.count_keys() == 0
+    assert storage.add_key("k1", "a" * 64, "admin", "first")
+    assert storage.add_key("k2", "b" * 64, "device", "second")
+    # The same hash again (under any id or role) is refused and changes nothing.
+    assert not storage.add_key("k3", "a" * 64, "device", "again")
+    assert storage.count_keys() == 2
+    rows = {row["key_id"]: row for row in storage.keys()}
+    assert set(rows) == {"k1", "k2"}
+    assert rows["k1"]["role"] == "admin" and rows["k1"]["key_hash"] == "a" * 64
+    assert rows["k1"]["label"] == "first" and rows["k1"]["revoked_at"] is None
+
+    assert storage.revoke_key("k2")
+    assert not storage.revoke_key("k2")  # already revoked
+    assert not storage.revoke_key("missing")
+    rows = {row["key_id"]: row for row in storage.keys()}
+    assert rows["k2"]["revoked_at"] is not None and rows["k1"]["revoked_at"] is None
+    assert storage.count_keys() == 2  # revoked keys stay on record
+
+
+# --- ingest ------------------------------------------------------------------------
+
+
+def test_ingest_counts_each_id_once(storage: Storage) -> None:
+    seen_masks: list[list[bool]] = []
+
+    def fold(new: list[bool]) -> list[PartialRow]:
+        seen_masks.append(list(new))
+        return counting_fold()(new)
+
+    first = ids(5)
+    assert storage.ingest(first, fold) == (5, 0)
+    assert seen_masks[-1] == [True] * 5
+
+    # A retry of the same ids: all duplicates, and the fold is not asked for anything.
+    calls = len(seen_masks)
+    assert storage.ingest(first, fold) == (0, 5)
+    assert len(seen_masks) == calls
+
+    # Overlapping ids in another order: the mask marks exactly the new ones, by position.
+    mixed = [ids(1, 7)[0], first[2], ids(1, 5)[0], first[0], ids(1, 6)[0]]
+    assert storage.ingest(mixed, fold) == (3, 2)
+    assert seen_masks[-1] == [True, False, True, False, True]
+
+    assert storage.report_count() == 8
+    assert total_n(storage) == 8
+
+
+def test_a_failing_fold_writes_nothing(storage: Storage) -> None:
+    assert storage.ingest(ids(3), counting_fold()) == (3, 0)
+
+    def failing(new: list[bool]) -> list[PartialRow]:
+        raise RuntimeError("fold failed")
+
+    with pytest.raises(RuntimeError, match="fold failed"):
+        storage.ingest(ids(4, 100), failing)
+    assert storage.report_count() == 3
+    assert total_n(storage) == 3
+
+    # A fold that fails while writing (a row that cannot be stored) also leaves nothing.
+    def unstorable(new: list[bool]) -> list[PartialRow]:
+        good = count_row("m", 1, 0, [sum(new), 0, 0, 0])
+        return [good, PartialRow("m", 1, 0, 1, None)]  # type: ignore[arg-type]
+
+    with pytest.raises(Exception):  # noqa: B017 - whatever the driver raises
+        storage.ingest(ids(4, 100), unstorable)
+    assert storage.report_count() == 3
+    assert len(storage.partial_rows("m", 1)) == 1
+
+    # The ids of the failed attempts were not recorded: they are new when sent again.
+    assert storage.ingest(ids(4, 100), counting_fold()) == (4, 0)
+    assert storage.report_count() == 7
+    assert total_n(storage) == 7
+
+
+def test_partial_rows_by_window(storage: Storage) -> None:
+    storage.add_partial_rows(
+        [
+            count_row("m", 1, 0 * HOUR, [1, 0, 0, 0]),
+            count_row("m", 1, 1 * HOUR, [0, 2, 0, 0]),
+            count_row("m", 1, 1 * HOUR, [0, 0, 3, 0]),
+            count_row("m", 1, 2 * HOUR, [0, 0, 0, 4]),
+            count_row("m", 2, 1 * HOUR, [5, 0, 0, 0]),
+            count_row("other", 1, 1 * HOUR, [6, 0, 0, 0]),
+        ]
+    )
+
+    def ns(start: int | None, end: int | None) -> list[int]:
+        return sorted(row.n for row in storage.partial_rows("m", 1, start, end))
+
+    assert ns(None, None) == [1, 2, 3, 4]
+    assert ns(HOUR, None) == [2, 3, 4]
+    assert ns(None, HOUR) == [1]
+    assert ns(HOUR, 2 * HOUR) == [2, 3]
+    assert ns(3 * HOUR, None) == []
+    assert [row.n for row in storage.partial_rows("m", 2)] == [5]
+    assert storage.partial_rows("m", 3) == []
+    row = storage.partial_rows("m", 1, 2 * HOUR)[0]
+    assert (row.metric, row.version, row.bucket) == ("m", 1, 2 * HOUR)
+    assert CountStatistics.from_bytes(row.stats) == CountStatistics(4, np.array([0, 0, 0, 4]))
+    assert storage.report_count() == 0  # add_partial_rows records no report ids
+
+
+# --- compaction --------------------------------------------------------------------
+
+
+def test_compaction_merges_each_group_into_one_row(storage: Storage) -> None:
+    rng = np.random.default_rng(11)
+    groups = [("m", 1, 0), ("m", 1, HOUR), ("m", 2, 0), ("other", 1, 0)]
+    added: dict[tuple[str, int, int], list[PartialRow]] = {}
+    for group in groups:
+        rows = [count_row(*group, rng.integers(0, 50, WIDTH).tolist()) for _ in range(5)]
+        added[group] = rows
+        storage.add_partial_rows(rows)
+    storage.add_partial_rows([count_row("single", 1, 0, [1, 1, 1, 1])])
+
+    assert sorted(storage.groups_to_compact()) == sorted(groups)
+    for group in groups:
+        assert storage.compact_group(*group, merge_counts) == 5
+
+    assert storage.groups_to_compact() == []
+    for metric, version, bucket in groups:
+        rows = storage.partial_rows(metric, version, bucket, bucket + HOUR)
+        assert len(rows) == 1
+        assert rows[0].n == sum(row.n for row in added[(metric, version, bucket)])
+        assert merged(rows) == merged(added[(metric, version, bucket)])
+    # A group already compacted, or empty, merges nothing further.
+    assert storage.compact_group("m", 1, 0, merge_counts) == 1
+    assert storage.compact_group("none", 1, 0, merge_counts) == 0
+    assert len(storage.partial_rows("single", 1)) == 1
+
+
+def test_concurrent_compactions_never_double_count(storage: Storage) -> None:
+    """Two compactors and a writer on one group at once: the merged total is exact."""
+    rng = np.random.default_rng(12)
+    batches = [
+        [count_row("m", 1, 0, rng.integers(0, 20, WIDTH).tolist()) for _ in range(4)]
+        for _ in range(30)
+    ]
+    storage.add_partial_rows(batches[0])
+    errors: list[BaseException] = []
+    start = threading.Barrier(3)
+
+    def guarded(work: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                start.wait()
+                work()
+            except BaseException as error:  # noqa: BLE001 - reported by the main thread
+                errors.append(error)
+
+        return run
+
+    def compactor() -> None:
+        for _ in range(15):
+            storage.compact_group("m", 1, 0, merge_counts)
+
+    def writer() -> None:
+        for batch in batches[1:]:
+            storage.add_partial_rows(batch)
+
+    threads = [threading.Thread(target=guarded(f)) for f in (compactor, compactor, writer)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+
+    expected = merged([row for batch in batches for row in batch])
+    assert merged(storage.partial_rows("m", 1)) == expected
+    assert total_n(storage) == expected.n
+    storage.compact_group("m", 1, 0, merge_counts)
+    rows = storage.partial_rows("m", 1)
+    assert len(rows) == 1 and merged(rows) == expected and rows[0].n == expected.n
+
+
+# --- concurrent ingest ---------------------------------------------------------------
+
+
+def test_concurrent_ingest_of_overlapping_ids_counts_each_once(storage: Storage) -> None:
+    """Several threads send overlapping id sets, in batches; every id is counted once."""
+    writers, batches, size = 4, 6, 50
+    universe = ids(400)
+    rng = np.random.default_rng(13)
+    plans = [
+        [
+            [universe[i] for i in rng.choice(len(universe), size, replace=False)]
+            for _ in range(batches)
+        ]
+        for _ in range(writers)
+    ]
+    sent = {report_id for plan in plans for batch in plan for report_id in batch}
+    replies: list[tuple[int, int]] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    start = threading.Barrier(writers)
+
+    def send(plan: list[list[bytes]]) -> None:
+        try:
+            start.wait()
+            for batch in plan:
+                reply = storage.ingest(batch, counting_fold())
+                with lock:
+                    replies.append(reply)
+        except BaseException as error:  # noqa: BLE001 - reported by the main thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=send, args=(plan,)) for plan in plans]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+
+    assert len(replies) == writers * batches
+    assert sum(accepted for accepted, _ in replies) == len(sent)
+    assert (
+        sum(accepted + duplicates for accepted, duplicates in replies) == writers * batches * size
+    )
+    assert storage.report_count() == len(sent)
+    assert total_n(storage) == len(sent)
+    # The overlap is real: some ids were sent by more than one writer.
+    assert len(sent) < writers * batches * size
