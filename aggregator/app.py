@@ -11,15 +11,17 @@ import asyncio
 import contextlib
 import logging
 import math
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Query, Request, Response
+from fastapi import Depends, FastAPI, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, Field, ValidationError
+from fastapi.responses import PlainTextResponse
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -35,11 +37,15 @@ from aggregator.problems import (
     handle_validation,
     problem_response,
 )
-from aggregator.registry import Metric, MetricDefinition
+from aggregator.registry import METRIC_NAME, Metric, MetricDefinition
 from aggregator.service import Aggregator, NotEnoughReportsError, UnknownMetricError
 from aggregator.settings import Settings
 
 logger = logging.getLogger("ldp.aggregator")
+#: A date and a time with seconds (fraction optional) and a UTC offset or Z.
+RFC3339_DATE_TIME = re.compile(
+    r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$"
+)
 
 PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": Problem, "content": {"application/problem+json": {}}}
@@ -169,6 +175,16 @@ def authorized(role: Role) -> Callable[[Request], Awaitable[Principal]]:
     return dependency
 
 
+MetricName = Annotated[str, Path(pattern=METRIC_NAME.pattern, description="Metric name.")]
+
+
+def _date_time_text(value: object) -> object:
+    """Refuse numbers (pydantic would read them as Unix seconds): windows are date-times."""
+    if isinstance(value, str) and not RFC3339_DATE_TIME.match(value):
+        raise ValueError("expected an RFC 3339 date-time such as 2026-11-22T10:00:00Z")
+    return value
+
+
 Device = Annotated[Principal, Depends(authorized("device"))]
 Analyst = Annotated[Principal, Depends(authorized("analyst"))]
 Admin = Annotated[Principal, Depends(authorized("admin"))]
@@ -240,7 +256,12 @@ def create_app(settings: Settings, aggregator: Aggregator | None = None) -> Fast
             ) from None
         return {"status": "ok", "storage": service.storage.dialect}
 
-    @app.get("/metrics", tags=["operations"], include_in_schema=True)
+    @app.get(
+        "/metrics",
+        tags=["operations"],
+        response_class=PlainTextResponse,
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+    )
     async def prometheus() -> Response:
         """Prometheus metrics: reports accepted, duplicates, rejected by reason, latencies."""
         body, content_type = obs.exposition()
@@ -252,7 +273,7 @@ def create_app(settings: Settings, aggregator: Aggregator | None = None) -> Fast
         return await run_in_threadpool(service.catalog.latest)
 
     @app.get("/v1/metrics/{name}/versions", response_model=list[Metric], tags=["metrics"])
-    async def metric_versions(name: str) -> Any:
+    async def metric_versions(name: MetricName) -> Any:
         """Every version of one metric, oldest first (public)."""
         versions = await run_in_threadpool(service.catalog.versions, name)
         if not versions:
@@ -267,7 +288,7 @@ def create_app(settings: Settings, aggregator: Aggregator | None = None) -> Fast
         responses={201: {"model": Metric, "description": "A new version was created."}},
     )
     async def define_metric(
-        name: str, definition: MetricDefinition, response: Response, principal: Admin
+        name: MetricName, definition: MetricDefinition, response: Response, principal: Admin
     ) -> Any:
         """Define a metric. A new spec or new labels make a new version (201); the same spec
         with another description updates the current version (200)."""
@@ -341,12 +362,18 @@ def create_app(settings: Settings, aggregator: Aggregator | None = None) -> Fast
         tags=["estimates"],
     )
     async def estimate(
-        name: str,
+        name: MetricName,
         principal: Analyst,
         start: Annotated[
-            datetime | None, Query(description="Window start (UTC, inclusive).")
+            datetime | None,
+            BeforeValidator(_date_time_text),
+            Query(description="Window start: RFC 3339 date-time with offset (inclusive)."),
         ] = None,
-        end: Annotated[datetime | None, Query(description="Window end (UTC, exclusive).")] = None,
+        end: Annotated[
+            datetime | None,
+            BeforeValidator(_date_time_text),
+            Query(description="Window end: RFC 3339 date-time with offset (exclusive)."),
+        ] = None,
         version: Annotated[
             int | None, Query(ge=1, le=2**31 - 1, description="Default: latest.")
         ] = None,

@@ -117,6 +117,17 @@ async def handle_http(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, StarletteHTTPException)
     detail = error.detail if isinstance(error.detail, str) else "request failed"
     kind = {404: "not-found", 405: "method-not-allowed"}.get(error.status_code, "http-error")
-    return problem_response(
-        request, error.status_code, kind, detail, detail, headers=dict(error.headers or {})
-    )
+    headers = dict(error.headers or {})
+    if error.status_code == 405:
+        headers["Allow"] = ", ".join(_allowed_methods(request))
+    return problem_response(request, error.status_code, kind, detail, detail, headers=headers)
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at this path (one route per method here)."""
+    methods: set[str] = set()
+    for route in request.app.routes:
+        regex = getattr(route, "path_regex", None)
+        if regex is not None and regex.match(request.url.path):
+            methods |= set(getattr(route, "methods", None) or ())
+    return sorted(methods)
