@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import math
 import re
@@ -198,6 +199,10 @@ def create_app(settings: Settings, aggregator: Aggregator | None = None) -> Fast
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # Long-lived objects (modules, the app) leave the collector's view, and young
+        # collections run less often: each batch allocates thousands of short-lived objects.
+        gc.freeze()
+        gc.set_threshold(20_000, 20, 20)
         task = None
         if settings.compaction_interval > 0:
             task = asyncio.create_task(_compact_periodically(service, settings.compaction_interval))

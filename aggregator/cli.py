@@ -16,6 +16,7 @@ database with no key it creates an admin key and prints it once.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
@@ -83,8 +84,6 @@ def _database_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
-    import uvicorn
-
     if args.workers < 1:
         raise ValueError("--workers must be at least 1")
     definitions = load_definitions(args.config) if args.config else None
@@ -105,8 +104,18 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
             flush=True,
         )
     _export(settings)
-    if args.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="ldp-prometheus-")
+    with contextlib.ExitStack() as cleanup:
+        if args.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            # Each worker writes its samples here; /metrics sums them. Removed at exit.
+            directory = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="ldp-prom-"))
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
+        _run_uvicorn(args)
+    return 0
+
+
+def _run_uvicorn(args: argparse.Namespace) -> None:
+    import uvicorn
+
     uvicorn.run(
         "aggregator.app:app_from_environment",
         factory=True,
@@ -118,7 +127,6 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         log_config=uvicorn_log_config(args.log_level),
         timeout_graceful_shutdown=30,
     )
-    return 0
 
 
 def _export(settings: Settings) -> None:

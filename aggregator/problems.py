@@ -86,7 +86,11 @@ async def handle_problem(request: Request, error: Exception) -> JSONResponse:
 async def handle_validation(request: Request, error: Exception) -> JSONResponse:
     """Pydantic's errors, located: ``body.reports.3.payload`` becomes report 3, field payload."""
     assert isinstance(error, RequestValidationError)
-    items = [_located(item) for item in error.errors()]
+    items: list[dict[str, Any]] = []
+    for item in error.errors():
+        located = _located(item)
+        if located not in items:  # a payload value's union alternatives read as one problem
+            items.append(located)
     detail = "; ".join(
         (f"report {i['report']}: " if i["report"] is not None else "")
         + (f"{i['field']}: " if i["field"] else "")
@@ -109,6 +113,14 @@ def _located(item: dict[str, Any]) -> dict[str, Any]:
     elif location and location[0] in ("body", "query", "path", "header"):
         location = location[1:] if location[0] == "body" else location
     message = str(item.get("msg", "invalid"))
+    if report is not None and len(location) >= 3 and location[0] == "payload":
+        # [payload, key, union member]: one message for the value, whatever the member.
+        value = item.get("input")
+        message = (
+            f"payload field {location[1]!r} must be an integer, a finite number or a string, "
+            f"got {value!r}"
+        )
+        location = location[:1]
     return {"report": report, "field": ".".join(location) or None, "message": message}
 
 
