@@ -337,8 +337,8 @@ def create_app(settings: Settings, aggregator: Aggregator | None = None) -> Fast
         A ``report_id`` already accepted is ignored and counted in ``duplicates``."""
         started = time.perf_counter()
         body = await request.body()
-        try:
-            batch = ReportBatch.model_validate_json(body)
+        try:  # parsed off the event loop, which goes on serving other requests meanwhile
+            batch = await run_in_threadpool(ReportBatch.model_validate_json, body)
         except ValidationError as error:
             obs.BATCHES_REJECTED.labels("malformed").inc()
             raise RequestValidationError(

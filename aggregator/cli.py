@@ -88,6 +88,12 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         raise ValueError("--workers must be at least 1")
     definitions = load_definitions(args.config) if args.config else None
     service = Aggregator(settings)
+    if args.workers > 1 and service.storage.dialect == "sqlite":
+        print(
+            "warning: SQLite has one writer at a time; with several workers they queue on its "
+            "lock (slower, with a long latency tail). Use --workers 1 with SQLite, or PostgreSQL.",
+            file=sys.stderr,
+        )
     try:
         if definitions is not None:
             for name, definition in definitions.items():
