@@ -64,6 +64,7 @@ into the candidates, a little into each.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from statistics import NormalDist
 from typing import TYPE_CHECKING
@@ -280,7 +281,9 @@ class _Problem:
             else:
                 high = mu
             free = coef > 0
-            direction = np.linalg.solve(gram[np.ix_(free, free)], counted[free])
+            # Least squares, not solve: candidates whose Bloom bits coincide in every cohort
+            # that has reports give equal columns, and the block is then singular.
+            direction = np.linalg.lstsq(gram[np.ix_(free, free)], counted[free], rcond=None)[0]
             slope = float(counted[free] @ direction)
             step = mu + (total - 1.0) / slope if slope > 0 else math.nan
             mu = step if low < step < high else (low + high) / 2
@@ -376,8 +379,10 @@ def _nonnegative_qp(
 
         block = gram[np.ix_(positive, positive)]
         try:
-            polished[positive] = linalg.solve(block, target[positive], assume_a="pos")
-        except (linalg.LinAlgError, ValueError):
+            with warnings.catch_warnings():  # ill-conditioned: leave it to the NNLS below
+                warnings.simplefilter("error", linalg.LinAlgWarning)
+                polished[positive] = linalg.solve(block, target[positive], assume_a="pos")
+        except (linalg.LinAlgError, linalg.LinAlgWarning, ValueError):
             polished[positive] = -1.0
     if np.all(polished[positive] > 0) and (
         _kkt_violation(gram, target, polished, scale) <= KKT_TOLERANCE

@@ -436,3 +436,26 @@ def test_wide_bloom_filters_decode(k: int, h: int, m: int) -> None:
     )
     assert est.detected[:6].all() and not est.detected[6:].any()
     assert np.all(np.abs(est.frequencies[:6] - truth) <= z_two_sided(ALPHA, 6) * est.std[:6])
+
+
+def test_reports_from_a_single_cohort_decode_without_error() -> None:
+    """When every report sits in one cohort, candidates can share their only Bloom bit
+    there: their columns are equal and the fit must still succeed, splitting the mass
+    between the aliased candidates instead of failing on a singular system."""
+    mech = rappor(k=32, h=1, m=64)
+    rng = np.random.default_rng(4)
+    pool = [rng.bytes(16) for _ in range(64 * 1500)]
+    secrets = [s for s in pool if mech.assign_cohort(s) == mech.assign_cohort(pool[0])]
+    cohort = mech.assign_cohort(pool[0])
+    candidates = ["example.com", "example.org", "example.net", "news.example", "mail.example"]
+    bits = mech.candidate_bits(candidates)
+    n = len(secrets)
+    reports = mech.encode(["example.net"] * n, np.full(n, cohort), secrets, rng=rng)
+    est = mech.estimate(mech.aggregate(reports), candidates=candidates, correction="bonferroni")
+    assert np.all(np.isfinite(est.frequencies)) and np.all(est.frequencies >= 0)
+    assert est.frequencies.sum() <= 1 + 1e-9
+    aliased = [i for i in range(5) if np.array_equal(bits[i, cohort], bits[2, cohort])]
+    assert len(aliased) >= 1
+    # The aliased group holds the whole share, within 5.3 of its standard errors (1e-6).
+    group = est.frequencies[aliased].sum()
+    assert abs(group - 1.0) <= 5.3 * max(est.std[aliased].max(), 1e-9), (group, est.std)

@@ -1,0 +1,365 @@
+"""The device's privacy ledger: epsilon is debited durably before any report exists.
+
+Caps (``BudgetLimits``, set by the app; the server cannot raise them): per metric per
+period, all metrics per period, and a lifetime total. Pure epsilon-LDP reports compose
+by addition (basic composition), so the spent budget is the sum of the reports'
+epsilons (for RAPPOR, epsilon_one per report: the memoized permanent response bounds
+repeated reports of one value by epsilon_infinity, so this over-counts, never under).
+
+Durability. A durable debit holds an exclusive lock on ``ledger.lock``
+(``fcntl.flock``, so a second process waits), reads the ledger, checks every cap,
+writes the new state to a temporary file, fsyncs it, renames it over ``ledger.json``
+and fsyncs the directory; only then may the caller perturb a value. A crash after the
+debit loses that budget; none can spend it twice.
+
+Reservations. One fsync per report would cost milliseconds, so a durable debit
+reserves the epsilon of several reports of the metric at once (1, 2, 4, ... up to
+``MAX_RESERVED_REPORTS``, never beyond a cap), and the following reports of that metric
+draw on the reservation in memory. The reservation is spent as far as the file is
+concerned, so every report's epsilon was on disk before the report existed; ``close``
+gives the unused part back; a crash loses it (budget lost, never double spent). A
+reservation belongs to its period and is dropped when the period ends.
+
+Time. Periods are counted from the ledger's creation in whole ``period_seconds``; the
+ledger keeps the latest time it has seen and never uses an earlier one, so setting the
+clock back cannot reopen a spent period.
+
+Failing closed. The ledger carries a SHA-256 checksum of its content; a ledger that
+does not parse or does not match is ``LedgerCorruptError`` and nothing is reported.
+``ledger.expected`` marks a state directory that has had a ledger: if the ledger is
+then missing, that is an error too, not a fresh budget. The device secret (RAPPOR
+memoization) lives in the ledger; losing it means losing the ledger, which fails
+closed the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import math
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+#: Most reports of one metric a single durable debit reserves for.
+MAX_RESERVED_REPORTS = 32
+LEDGER_FILE = "ledger.json"
+LOCK_FILE = "ledger.lock"
+MARKER_FILE = "ledger.expected"
+FORMAT = 1
+#: Floating-point slack in cap comparisons (sums of epsilons are inexact).
+TOLERANCE = 1e-12
+
+
+class LedgerError(Exception):
+    """The ledger cannot be used; no report may be made."""
+
+
+class LedgerCorruptError(LedgerError):
+    """The ledger is unreadable, tampered with, or missing where one existed."""
+
+
+class BudgetExhaustedError(LedgerError):
+    """This report would exceed a cap; nothing was debited."""
+
+
+@dataclass(frozen=True)
+class BudgetLimits:
+    """The device's caps on epsilon. ``math.inf`` means no cap of that kind."""
+
+    per_metric_per_period: float = 4.0
+    total_per_period: float = 16.0
+    lifetime: float = math.inf
+    period_seconds: float = 86_400.0
+    #: Largest epsilon one report may carry: a spec above it is refused outright.
+    max_epsilon_per_report: float = 4.0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "per_metric_per_period",
+            "total_per_period",
+            "lifetime",
+            "period_seconds",
+            "max_epsilon_per_report",
+        ):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and value > 0) or math.isnan(value):
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        if math.isinf(self.period_seconds):
+            raise ValueError("period_seconds must be finite")
+
+
+@dataclass
+class _Reservation:
+    """Epsilon debited on disk for ``metric`` but not yet used by a report."""
+
+    period: int
+    period_end: float
+    remaining: float
+    next_reports: int = 1
+
+
+@dataclass(frozen=True)
+class BudgetStatus:
+    """What ``TelemetryClient.budget()`` reports: spent and left, this period and for life."""
+
+    period: int
+    period_start: float
+    period_end: float
+    spent_per_metric: dict[str, float]
+    spent_this_period: float
+    spent_lifetime: float
+    left_this_period: float
+    left_lifetime: float
+    limits: BudgetLimits
+    #: Epsilon this client has reserved on disk and not yet used (counted as spent).
+    reserved: float = 0.0
+
+    def left_for(self, metric: str) -> float:
+        """Epsilon ``metric`` may still spend this period (all caps considered)."""
+        own = self.limits.per_metric_per_period - self.spent_per_metric.get(metric, 0.0)
+        return max(0.0, min(own, self.left_this_period, self.left_lifetime))
+
+
+class PrivacyLedger:
+    """The epsilon a device has spent, kept in ``state_dir`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        state_dir: Path | str,
+        limits: BudgetLimits,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.directory = Path(state_dir)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.limits = limits
+        self._clock = clock
+        self._memory = threading.Lock()
+        self._reservations: dict[str, _Reservation] = {}
+        with self._locked():
+            state = self._read(create=True)
+        self.device_secret = bytes.fromhex(state["device_secret"])
+        self._high_water: float = state["clock"]
+
+    # --- public --------------------------------------------------------------------
+
+    def debit(self, metric: str, epsilon: float) -> None:
+        """Spend ``epsilon`` on ``metric`` (durably, see the module docstring), or raise
+        ``BudgetExhaustedError`` and spend nothing."""
+        if not (epsilon > 0 and math.isfinite(epsilon)):
+            raise ValueError(f"epsilon must be positive and finite, got {epsilon!r}")
+        if epsilon > self.limits.max_epsilon_per_report:
+            raise BudgetExhaustedError(
+                f"{metric}: one report at epsilon {epsilon:g} exceeds this device's limit of "
+                f"{self.limits.max_epsilon_per_report:g} per report"
+            )
+        with self._memory:
+            now = self._high_water = max(self._high_water, self._clock())
+            reservation = self._reservations.get(metric)
+            if (
+                reservation is not None
+                and now < reservation.period_end
+                and reservation.remaining >= epsilon - TOLERANCE
+            ):
+                reservation.remaining = max(0.0, reservation.remaining - epsilon)
+                return
+            self._refill(metric, epsilon, reservation)
+
+    def _refill(self, metric: str, epsilon: float, previous: _Reservation | None) -> None:
+        """Give back what is left of ``previous`` and reserve for the next reports durably."""
+        with self._locked():
+            state = self._advance(self._read(create=False))
+            if previous is not None and previous.period == state["period"]:
+                _credit(state, metric, previous.remaining)
+            self._reservations.pop(metric, None)
+            status = self._status(state)
+            refusal = self._refusal(status, metric, epsilon)
+            if refusal is not None:
+                self._write(state)
+                raise BudgetExhaustedError(refusal)
+            reports = (
+                1 if previous is None else min(2 * previous.next_reports, MAX_RESERVED_REPORTS)
+            )
+            amount = min(epsilon * reports, status.left_for(metric))
+            _credit(state, metric, -amount)
+            self._write(state)
+            self._high_water = max(self._high_water, state["clock"])
+            self._reservations[metric] = _Reservation(
+                state["period"], status.period_end, amount - epsilon, reports
+            )
+
+    def release(self) -> None:
+        """Give back every unused reservation (durably). ``close`` of the client calls it."""
+        with self._memory:
+            if not self._reservations:
+                return
+            with self._locked():
+                state = self._advance(self._read(create=False))
+                for metric, reservation in self._reservations.items():
+                    if reservation.period == state["period"]:
+                        _credit(state, metric, reservation.remaining)
+                self._write(state)
+            self._reservations.clear()
+
+    def status(self) -> BudgetStatus:
+        """Spent and left: this period, per metric and for life (reservations not yet used
+        by a report are counted as spent, and shown as ``reserved``)."""
+        with self._memory, self._locked():
+            state = self._advance(self._read(create=False))
+            self._write(state)
+            reserved = sum(
+                r.remaining for r in self._reservations.values() if r.period == state["period"]
+            )
+            return replace(self._status(state), reserved=reserved)
+
+    # --- state ---------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with open(self.directory / LOCK_FILE, "a+b") as handle:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+    def _read(self, create: bool) -> dict[str, Any]:
+        path = self.directory / LEDGER_FILE
+        marker = self.directory / MARKER_FILE
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            if marker.exists() or not create:
+                raise LedgerCorruptError(
+                    f"the privacy ledger {path} is missing but this device had one; "
+                    "refusing to report (restore it, or reset the device's state on purpose)"
+                ) from None
+            now = self._clock()
+            state: dict[str, Any] = {
+                "format": FORMAT,
+                "created": now,
+                "clock": now,
+                "period": 0,
+                "spent_per_metric": {},
+                "spent_this_period": 0.0,
+                "spent_lifetime": 0.0,
+                "device_secret": secrets.token_bytes(32).hex(),
+            }
+            self._write(state)
+            _durable_touch(marker)
+            return state
+        return _parse(raw, path)
+
+    def _write(self, state: dict[str, Any]) -> None:
+        body = json.dumps(state, sort_keys=True, separators=(",", ":"))
+        document = json.dumps({"checksum": _checksum(body), "state": body}).encode()
+        path = self.directory / LEDGER_FILE
+        temporary = path.with_suffix(".tmp")
+        with open(temporary, "wb") as handle:
+            handle.write(document)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+        _fsync_directory(self.directory)
+
+    def _advance(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Move the ledger's clock forward to now (never back) and roll the period over."""
+        state["clock"] = max(state["clock"], self._clock())
+        period = int((state["clock"] - state["created"]) // self.limits.period_seconds)
+        if period > state["period"]:
+            state["period"] = period
+            state["spent_per_metric"] = {}
+            state["spent_this_period"] = 0.0
+        return state
+
+    def _status(self, state: dict[str, Any]) -> BudgetStatus:
+        limits = self.limits
+        start = state["created"] + state["period"] * limits.period_seconds
+        return BudgetStatus(
+            period=state["period"],
+            period_start=start,
+            period_end=start + limits.period_seconds,
+            spent_per_metric=dict(state["spent_per_metric"]),
+            spent_this_period=state["spent_this_period"],
+            spent_lifetime=state["spent_lifetime"],
+            left_this_period=max(0.0, limits.total_per_period - state["spent_this_period"]),
+            left_lifetime=max(0.0, limits.lifetime - state["spent_lifetime"]),
+            limits=limits,
+        )
+
+    def _refusal(self, status: BudgetStatus, metric: str, epsilon: float) -> str | None:
+        limits, tolerance = self.limits, TOLERANCE
+        spent = status.spent_per_metric.get(metric, 0.0)
+        if spent + epsilon > limits.per_metric_per_period + tolerance:
+            return (
+                f"{metric}: epsilon {epsilon:g} would bring this period's spending on it to "
+                f"{spent + epsilon:g}, above the cap of {limits.per_metric_per_period:g} "
+                f"(the period ends at {status.period_end:.0f})"
+            )
+        if status.spent_this_period + epsilon > limits.total_per_period + tolerance:
+            return (
+                f"{metric}: epsilon {epsilon:g} would bring this period's total to "
+                f"{status.spent_this_period + epsilon:g}, above {limits.total_per_period:g}"
+            )
+        if status.spent_lifetime + epsilon > limits.lifetime + tolerance:
+            return (
+                f"{metric}: epsilon {epsilon:g} would bring the lifetime total to "
+                f"{status.spent_lifetime + epsilon:g}, above {limits.lifetime:g}"
+            )
+        return None
+
+
+def _credit(state: dict[str, Any], metric: str, amount: float) -> None:
+    """Add ``amount`` back to every spending counter (negative: spend it)."""
+    spent = state["spent_per_metric"]
+    spent[metric] = max(0.0, spent.get(metric, 0.0) - amount)
+    state["spent_this_period"] = max(0.0, state["spent_this_period"] - amount)
+    state["spent_lifetime"] = max(0.0, state["spent_lifetime"] - amount)
+
+
+def _checksum(body: str) -> str:
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def _parse(raw: bytes, path: Path) -> dict[str, Any]:
+    try:
+        document = json.loads(raw)
+        body = document["state"]
+        if not isinstance(body, str) or _checksum(body) != document["checksum"]:
+            raise ValueError("checksum mismatch")
+        state = json.loads(body)
+        if state.get("format") != FORMAT:
+            raise ValueError(f"unknown format {state.get('format')!r}")
+        for key in ("created", "clock", "spent_this_period", "spent_lifetime"):
+            if not isinstance(state[key], int | float) or not math.isfinite(state[key]):
+                raise ValueError(f"bad {key}")
+        if not isinstance(state["spent_per_metric"], dict) or not isinstance(state["period"], int):
+            raise ValueError("bad spending record")
+        bytes.fromhex(state["device_secret"])
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise LedgerCorruptError(
+            f"the privacy ledger {path} is corrupt ({error}); refusing to report"
+        ) from None
+    return state
+
+
+def _durable_touch(path: Path) -> None:
+    with open(path, "wb") as handle:
+        handle.flush()
+        os.fsync(handle.fileno())
+    _fsync_directory(path.parent)
+
+
+def _fsync_directory(directory: Path) -> None:
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

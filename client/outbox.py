@@ -1,0 +1,159 @@
+"""The outbox: perturbed reports wait here, in SQLite, until the aggregator acknowledges them.
+
+Only perturbed reports are written (the wire JSON of ``shared/DESIGN.md``: report id,
+metric, version, payload, hour); raw values never are. ``add`` commits before it
+returns, so a report survives the app's crash or restart (WAL with
+``synchronous=NORMAL``: a committed report survives a process crash; a power cut can
+lose the last moments, never the ledger's debit, which is fsynced). Reports leave only
+by ``remove`` after an acknowledgement, so a retry sends the very same reports (same
+ids, same randomness). Bounded by count and bytes: when full, the oldest reports are
+dropped and counted in ``dropped`` (the app is never blocked).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+OUTBOX_FILE = "outbox.sqlite3"
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS outbox ("
+    " seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+    " report_id TEXT NOT NULL UNIQUE,"
+    " body TEXT NOT NULL,"
+    " size INTEGER NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+)
+
+
+@dataclass(frozen=True)
+class QueuedReport:
+    seq: int
+    report_id: str
+    body: dict[str, Any]
+
+
+class Outbox:
+    """A durable FIFO of wire reports, bounded by ``max_reports`` and ``max_bytes``."""
+
+    def __init__(
+        self, state_dir: Path | str, max_reports: int = 100_000, max_bytes: int = 64 << 20
+    ) -> None:
+        if max_reports < 1 or max_bytes < 1:
+            raise ValueError("max_reports and max_bytes must be positive")
+        self.max_reports, self.max_bytes = max_reports, max_bytes
+        path = Path(state_dir) / OUTBOX_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA busy_timeout=30000")
+        with self._transaction():
+            for statement in _SCHEMA:
+                self._db.execute(statement)
+        self._count, self._bytes = self._db.execute(
+            "SELECT count(*), coalesce(sum(size), 0) FROM outbox"
+        ).fetchone()
+
+    def add(self, reports: Sequence[dict[str, Any]]) -> int:
+        """Queue wire reports durably; returns how many old reports were dropped for room."""
+        rows = [
+            (report["report_id"], text, len(text))
+            for report in reports
+            for text in [json.dumps(report, separators=(",", ":"), allow_nan=False)]
+        ]
+        with self._lock, self._transaction():
+            self._db.executemany(
+                "INSERT INTO outbox (report_id, body, size) VALUES (?, ?, ?)", rows
+            )
+            self._count += len(rows)
+            self._bytes += sum(size for _, _, size in rows)
+            return self._evict()
+
+    def peek(self, limit: int) -> list[QueuedReport]:
+        """The oldest ``limit`` reports, still queued."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT seq, report_id, body FROM outbox ORDER BY seq LIMIT ?", (limit,)
+            ).fetchall()
+        return [QueuedReport(seq, report_id, json.loads(body)) for seq, report_id, body in rows]
+
+    def remove(self, reports: Sequence[QueuedReport]) -> None:
+        """Delete acknowledged (or permanently refused) reports."""
+        if not reports:
+            return
+        with self._lock, self._transaction():
+            seqs = [(report.seq,) for report in reports]
+            before = self._db.total_changes
+            sizes = self._db.execute(
+                f"SELECT coalesce(sum(size), 0) FROM outbox WHERE seq IN "
+                f"({','.join('?' * len(seqs))})",
+                [seq for (seq,) in seqs],
+            ).fetchone()[0]
+            self._db.executemany("DELETE FROM outbox WHERE seq = ?", seqs)
+            self._count -= self._db.total_changes - before
+            self._bytes -= sizes
+
+    def __len__(self) -> int:
+        with self._lock:
+            return int(self._count)
+
+    @property
+    def queued_bytes(self) -> int:
+        with self._lock:
+            return int(self._bytes)
+
+    @property
+    def dropped(self) -> int:
+        """Reports dropped, over the device's life, because the outbox was full."""
+        with self._lock:
+            row = self._db.execute("SELECT value FROM counters WHERE name = 'dropped'").fetchone()
+        return int(row[0]) if row else 0
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _evict(self) -> int:
+        """Drop the oldest reports while over a bound (inside the caller's transaction)."""
+        dropped = 0
+        while self._count > self.max_reports or (self._bytes > self.max_bytes and self._count):
+            excess = max(self._count - self.max_reports, 1)
+            rows = self._db.execute(
+                "DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox ORDER BY seq LIMIT ?) "
+                "RETURNING size",
+                (excess,),
+            ).fetchall()
+            dropped += len(rows)
+            self._count -= len(rows)
+            self._bytes -= sum(size for (size,) in rows)
+        if dropped:
+            self._db.execute(
+                "INSERT INTO counters (name, value) VALUES ('dropped', ?) "
+                "ON CONFLICT (name) DO UPDATE SET value = value + excluded.value",
+                (dropped,),
+            )
+        return dropped
+
+    def _transaction(self) -> _Transaction:
+        return _Transaction(self._db)
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on an exception."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def __enter__(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, kind: object, error: object, traceback: object) -> None:
+        self._db.execute("ROLLBACK" if kind is not None else "COMMIT")

@@ -1,0 +1,208 @@
+"""``TelemetryClient``: what an app embeds to report values with local differential privacy.
+
+    with TelemetryClient("https://telemetry.example", api_key, "/var/lib/app/ldp") as client:
+        client.record("app.theme", "dark")          # a category, by label or index
+        client.record("app.session_minutes", 12.5)  # a number
+        client.record_string("browser.home_page", "example.com")  # RAPPOR
+
+``record`` checks the value against the metric's spec, debits the privacy ledger
+(durably, before anything else), perturbs the value with the metric's mechanism and
+the operating system's CSPRNG, and queues only the perturbed report in the outbox; the
+raw value goes no further than this call. A background thread uploads the outbox.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+import numpy as np
+
+from client.ledger import BudgetLimits, BudgetStatus, PrivacyLedger
+from client.outbox import Outbox
+from client.specs import MetricSpec, SpecCache, SpecError
+from client.transport import RetryPolicy, Uploader
+from shared.mechanisms import Mechanism, Rappor, make_mechanism
+
+
+class TelemetryClient:
+    """Record values privately; see the module docstring. Thread-safe."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        api_key: str,
+        state_dir: Path | str,
+        *,
+        limits: BudgetLimits | None = None,
+        batch_size: int = 512,
+        upload_interval: float = 5.0,
+        max_queued_reports: int = 100_000,
+        max_queued_bytes: int = 64 << 20,
+        spec_refresh_seconds: float = 3600.0,
+        timeout: float = 10.0,
+        retry: RetryPolicy | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self._http = httpx.Client(
+            base_url=endpoint.rstrip("/"),
+            headers={"Authorization": f"Bearer {api_key}"},
+            timeout=timeout,
+            transport=transport,
+        )
+        state = Path(state_dir)
+        self.limits = limits or BudgetLimits()
+        self._ledger = PrivacyLedger(state, self.limits)
+        self._outbox = Outbox(state, max_queued_reports, max_queued_bytes)
+        self._specs = SpecCache(state, self._fetch_specs, spec_refresh_seconds)
+        self._mechanisms: dict[tuple[str, int], Mechanism] = {}
+        self._uploader = Uploader(
+            self._outbox, self._post_batch, batch_size, upload_interval, retry, on_tick=self._tick
+        )
+        self._closed = False
+
+    # --- recording -------------------------------------------------------------------
+
+    def record(self, metric: str, value: str | int | float) -> None:
+        """Report a category (its label, or its index) or a number for ``metric``."""
+        spec, mechanism = self._lookup(metric)
+        kind = spec.mechanism.kind
+        if kind == "string":
+            raise SpecError(f"{metric} collects strings with RAPPOR: use record_string")
+        encoded = _category(spec, value) if kind == "categorical" else _number(metric, value)
+        self._ledger.debit(metric, spec.mechanism.epsilon)
+        self._enqueue(spec, mechanism.to_payloads(mechanism.encode(encoded))[0])
+
+    def record_string(self, metric: str, value: str) -> None:
+        """Report a string for a RAPPOR metric (memoized per device and metric)."""
+        spec, mechanism = self._lookup(metric)
+        if not isinstance(mechanism, Rappor):
+            raise SpecError(f"{metric} is a {spec.mechanism.kind} metric: use record")
+        if not isinstance(value, str):
+            raise TypeError(f"{metric}: record_string takes a str, got {type(value).__name__}")
+        secret = hmac.new(self._ledger.device_secret, metric.encode(), hashlib.sha256).digest()
+        cohort = mechanism.assign_cohort(secret)
+        self._ledger.debit(metric, spec.mechanism.epsilon)
+        reports = mechanism.encode([value], np.array([cohort]), [secret])
+        self._enqueue(spec, mechanism.to_payloads(reports)[0])
+
+    def budget(self) -> BudgetStatus:
+        """Epsilon spent and left: this period, per metric, and for life."""
+        return self._ledger.status()
+
+    @property
+    def queued(self) -> int:
+        """Reports waiting in the outbox."""
+        return len(self._outbox)
+
+    @property
+    def dropped(self) -> int:
+        """Reports dropped because the outbox was full (over the device's life)."""
+        return self._outbox.dropped
+
+    # --- delivery ----------------------------------------------------------------------
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Upload what is queued; True when the outbox is empty within ``timeout`` seconds."""
+        return self._uploader.flush(timeout)
+
+    def close(self, timeout: float = 5.0) -> bool:
+        """Deliver what can be delivered within ``timeout``, give back unused reserved budget,
+        and release every resource. True when nothing was left queued."""
+        if self._closed:
+            return True
+        self._closed = True
+        delivered = self._uploader.stop(timeout)
+        self._ledger.release()
+        self._outbox.close()
+        self._http.close()
+        return delivered
+
+    def __enter__(self) -> TelemetryClient:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # --- internals ---------------------------------------------------------------------
+
+    def _lookup(self, metric: str) -> tuple[MetricSpec, Mechanism]:
+        if self._closed:
+            raise RuntimeError("the telemetry client is closed")
+        spec = self._specs.get(metric)
+        if spec.mechanism.epsilon > self.limits.max_epsilon_per_report:
+            raise SpecError(
+                f"{metric} version {spec.version} asks for epsilon {spec.mechanism.epsilon:g} "
+                f"per report, above this device's limit of "
+                f"{self.limits.max_epsilon_per_report:g}: refused"
+            )
+        key = (spec.name, spec.version)
+        mechanism = self._mechanisms.get(key)
+        if mechanism is None:
+            mechanism = self._mechanisms[key] = make_mechanism(spec.mechanism)
+        return spec, mechanism
+
+    def _enqueue(self, spec: MetricSpec, payload: dict[str, Any]) -> None:
+        hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+        report = {
+            "report_id": str(uuid.uuid4()),
+            "metric": spec.name,
+            "version": spec.version,
+            "payload": payload,
+            "time": hour.strftime("%Y-%m-%dT%H:00:00Z"),
+        }
+        self._outbox.add([report])
+        self._uploader.notify()
+
+    def _fetch_specs(self) -> list[dict[str, Any]]:
+        response = self._http.get("/v1/metrics")
+        response.raise_for_status()
+        items = response.json()
+        if not isinstance(items, list):
+            raise ValueError("GET /v1/metrics did not return a list")
+        return items
+
+    def _post_batch(self, reports: list[dict[str, object]]) -> httpx.Response:
+        return self._http.post("/v1/reports", json={"reports": reports})
+
+    def _tick(self) -> None:
+        self._specs.refresh()
+
+
+def _category(spec: MetricSpec, value: object) -> np.ndarray:
+    """The category index of ``value`` (a label, or an index 0..d-1)."""
+    size = spec.mechanism.domain_size
+    assert size is not None
+    if isinstance(value, str):
+        labels = spec.labels or ()
+        if value not in labels:
+            raise ValueError(
+                f"{spec.name}: {value!r} is not one of its labels {list(labels)[:10]}"
+                + (" ..." if len(labels) > 10 else "")
+            )
+        return np.array([labels.index(value)])
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{spec.name}: a category is a label or an index, got {value!r}")
+    if not 0 <= int(value) < size:
+        raise ValueError(f"{spec.name}: category index {value} is outside 0..{size - 1}")
+    return np.array([int(value)])
+
+
+def _number(metric: str, value: object) -> np.ndarray:
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise TypeError(f"{metric}: expected a number, got {value!r}")
+    if not math.isfinite(float(value)):
+        raise ValueError(f"{metric}: the value must be finite, got {value!r}")
+    return np.array([float(value)])

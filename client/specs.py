@@ -1,0 +1,115 @@
+"""Metric specs as the device sees them: fetched from the aggregator, checked, cached on disk.
+
+``GET /v1/metrics`` is public; the device validates every spec itself (the same
+``MechanismSpec`` model as the server) and refuses what it cannot verify or what
+exceeds its own limits. The last good list is kept in ``specs.json`` (written to a
+temporary file, fsynced, renamed), so a device that starts offline still knows its
+metrics, and refreshed every ``refresh_seconds``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from shared.schemas import MechanismSpec
+
+SPECS_FILE = "specs.json"
+
+
+class SpecError(Exception):
+    """A metric cannot be recorded: unknown, unverifiable, or beyond the device's limits."""
+
+
+class MetricSpec(BaseModel):
+    """One metric as ``GET /v1/metrics`` lists it."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    name: str
+    version: int = Field(ge=1)
+    description: str = ""
+    mechanism: MechanismSpec
+    labels: tuple[str, ...] | None = None
+
+
+class SpecCache:
+    """The current metric specs, from the aggregator or, offline, from the last good copy."""
+
+    def __init__(
+        self,
+        state_dir: Path | str,
+        fetch: Callable[[], list[dict[str, Any]]],
+        refresh_seconds: float = 3600.0,
+    ) -> None:
+        self._path = Path(state_dir) / SPECS_FILE
+        self._fetch = fetch
+        self.refresh_seconds = refresh_seconds
+        self._lock = threading.Lock()
+        self._specs: dict[str, MetricSpec] = {}
+        self._problems: dict[str, str] = {}
+        self._fetched_at = -float("inf")
+        self._load_cached()
+
+    def get(self, name: str) -> MetricSpec:
+        """The spec of ``name``, fetching the list first if ``name`` is not known yet."""
+        with self._lock:
+            found = self._specs.get(name)
+        if found is None:
+            self.refresh(force=True)
+            with self._lock:
+                found = self._specs.get(name)
+                problem = self._problems.get(name)
+            if found is None:
+                raise SpecError(problem or f"the aggregator defines no metric {name!r}")
+        return found
+
+    def refresh(self, force: bool = False) -> bool:
+        """Fetch the specs if due (or ``force``); False when offline (the cache stays)."""
+        if not force and time.monotonic() - self._fetched_at < self.refresh_seconds:
+            return True
+        try:
+            items = self._fetch()
+        except Exception:  # noqa: BLE001 - offline or failing: keep the last good specs
+            return False
+        self._install(items)
+        self._fetched_at = time.monotonic()
+        self._save(items)
+        return True
+
+    def _install(self, items: list[dict[str, Any]]) -> None:
+        specs: dict[str, MetricSpec] = {}
+        problems: dict[str, str] = {}
+        for item in items if isinstance(items, list) else []:
+            name = item.get("name") if isinstance(item, dict) else None
+            try:
+                spec = MetricSpec.model_validate(item)
+            except ValidationError as error:
+                if isinstance(name, str):
+                    problems[name] = f"metric {name!r} has a spec this SDK cannot verify: {error}"
+                continue
+            specs[spec.name] = spec
+        with self._lock:
+            self._specs, self._problems = specs, problems
+
+    def _load_cached(self) -> None:
+        try:
+            items = json.loads(self._path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return
+        self._install(items)
+
+    def _save(self, items: list[dict[str, Any]]) -> None:
+        temporary = self._path.with_suffix(".tmp")
+        with open(temporary, "w", encoding="utf-8") as handle:
+            json.dump(items, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, self._path)
