@@ -69,13 +69,25 @@ class Outbox:
             for report in reports
             for text in [json.dumps(report, separators=(",", ":"), allow_nan=False)]
         ]
-        with self._lock, self._transaction():
-            self._db.executemany(
-                "INSERT INTO outbox (report_id, body, size) VALUES (?, ?, ?)", rows
+        added = sum(size for _, _, size in rows)
+        with self._lock:
+            fits = (
+                self._count + len(rows) <= self.max_reports
+                and self._bytes + added <= self.max_bytes
             )
-            self._count += len(rows)
-            self._bytes += sum(size for _, _, size in rows)
-            return self._evict()
+            if fits and len(rows) == 1:  # one statement is its own transaction: one commit
+                self._db.execute(
+                    "INSERT INTO outbox (report_id, body, size) VALUES (?, ?, ?)", rows[0]
+                )
+                self._count, self._bytes = self._count + 1, self._bytes + added
+                return 0
+            with self._transaction():
+                self._db.executemany(
+                    "INSERT INTO outbox (report_id, body, size) VALUES (?, ?, ?)", rows
+                )
+                self._count += len(rows)
+                self._bytes += added
+                return self._evict()
 
     def peek(self, limit: int) -> list[QueuedReport]:
         """The oldest ``limit`` reports, still queued."""

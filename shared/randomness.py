@@ -24,6 +24,7 @@ All samplers are vectorized: loops run over rejection rounds, never over items.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import TypeAlias
 
@@ -38,6 +39,10 @@ _WORD_DTYPE = np.dtype(np.uint64)
 
 def threshold53(p: float | npt.ArrayLike) -> np.ndarray:
     """``T = floor(p * 2**53)``, so that ``P(U < T) = T / 2**53`` for a uniform 53-bit U."""
+    if isinstance(p, float | int) and not isinstance(p, bool):  # the common scalar case
+        if not 0.0 <= p <= 1.0:  # also refuses NaN
+            raise ValueError(f"probabilities must lie in [0, 1], got {p!r}")
+        return np.uint64(math.floor(p * _BITS53))  # type: ignore[return-value]
     probs = np.asarray(p, dtype=np.float64)
     if np.any(~np.isfinite(probs)) or np.any(probs < 0.0) or np.any(probs > 1.0):
         raise ValueError(f"probabilities must lie in [0, 1], got {probs!r}")
@@ -76,6 +81,8 @@ class RandomSource:
 
     def integers(self, high: int | npt.ArrayLike, size: int | None = None) -> np.ndarray:
         """Exactly uniform integers on ``{0, ..., high - 1}``; ``high`` may be an array."""
+        if isinstance(high, int) and size is not None and self._rng is None:
+            return self._scalar_bound_integers(high, size)
         bounds = np.asarray(high, dtype=np.int64)
         if np.any(bounds < 1):
             raise ValueError(f"integers() needs high >= 1, got {high!r}")
@@ -97,6 +104,19 @@ class RandomSource:
             pending = pending[~ok]
         return out.reshape(shape)
 
+    def _scalar_bound_integers(self, high: int, size: int) -> np.ndarray:
+        """``integers(high, size)`` from the OS CSPRNG: draws below the next power of two,
+        rejected while >= high (the same method as the array case, without broadcasting)."""
+        if isinstance(high, bool) or high < 1:
+            raise ValueError(f"integers() needs high >= 1, got {high!r}")
+        mask = np.uint64((1 << (high - 1).bit_length()) - 1)
+        out = (self.words(size) & mask).astype(np.int64)
+        rejected = np.flatnonzero(out >= high)
+        while rejected.size:
+            out[rejected] = (self.words(rejected.size) & mask).astype(np.int64)
+            rejected = rejected[out[rejected] >= high]
+        return out
+
     def uniform(self, size: int) -> np.ndarray:
         """Uniform floats on [0, 1) with 53 random bits each (k / 2**53)."""
         return (self.words(size) >> np.uint64(11)).astype(np.float64) / _BITS53
@@ -104,6 +124,8 @@ class RandomSource:
     def bernoulli(self, p: float | npt.ArrayLike, size: int | None = None) -> np.ndarray:
         """Booleans that are True with probability ``floor(p * 2**53) / 2**53``."""
         thresholds = threshold53(p)
+        if size is not None and np.ndim(thresholds) == 0:
+            return (self.words(size) >> np.uint64(11)) < thresholds
         shape = thresholds.shape if size is None else (size,)
         thresholds = np.broadcast_to(thresholds, shape)
         draws = self.words(int(np.prod(shape))).reshape(shape) >> np.uint64(11)
