@@ -33,6 +33,8 @@ import numpy.typing as npt
 
 Rng: TypeAlias = np.random.Generator | None
 
+#: Packed Bernoulli matrices of at most this many 64-bit words draw one U per bit.
+DIRECT_BERNOULLI_WORDS = 64
 _BITS53 = 1 << 53
 _WORD_DTYPE = np.dtype(np.uint64)
 
@@ -140,7 +142,9 @@ class RandomSource:
         the most significant down, 64 lanes per word, and a lane is decided at the
         first bit where U and T differ. A word leaves the loop once all its lanes
         are decided, so the expected cost is about 8 random words per 64 bits
-        instead of one 53-bit draw per bit.
+        instead of one 53-bit draw per bit. Small matrices (at most
+        ``DIRECT_BERNOULLI_WORDS`` words, e.g. one report of up to 4096 bits) draw one
+        53-bit U per bit instead: the same distribution, without the loop's overhead.
         """
         nbytes = (bits + 7) // 8
         total = (rows * nbytes + 7) // 8  # rows are laid end to end: no word is shared waste
@@ -148,6 +152,9 @@ class RandomSource:
         result = np.zeros(total, dtype=np.uint64)
         if threshold == _BITS53:
             result[:] = np.iinfo(np.uint64).max
+        elif threshold > 0 and total <= DIRECT_BERNOULLI_WORDS:
+            lanes = (self.words(64 * total) >> np.uint64(11)) < np.uint64(threshold)
+            result = np.packbits(lanes).view(np.uint64)
         elif threshold > 0:
             for start in range(0, total, _BLOCK_WORDS):  # cache-sized blocks
                 _lazy_compare(self, threshold, result[start : start + _BLOCK_WORDS])

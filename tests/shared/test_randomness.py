@@ -35,6 +35,7 @@ import pytest
 from scipy import stats
 
 from shared.randomness import (
+    DIRECT_BERNOULLI_WORDS,
     RandomSource,
     as_source,
     discrete_laplace_pmf,
@@ -439,6 +440,28 @@ def test_bernoulli_bits_frequencies(make_source: SourceFactory, p: float) -> Non
     )
 
 
+@pytest.mark.parametrize("p", [1e-3, 0.27, 0.5])
+def test_bernoulli_bits_small_matrices_frequencies(make_source: SourceFactory, p: float) -> None:
+    """One-row matrices (the direct draw, one U per bit) stacked over 20,000 calls: each of
+    the 130 positions and the total are Binomial at exact_probability(p) (131 tests, each at
+    ALPHA / 131)."""
+    source = make_source(900 + int(p * 1000))
+    rows = 20_000
+    matrix = np.concatenate(
+        [
+            np.unpackbits(source.bernoulli_bits(p, 1, BITS_WIDTH), axis=1, count=BITS_WIDTH)
+            for _ in range(rows)
+        ]
+    )
+    prob, family = exact_probability(p), BITS_WIDTH + 1
+    assert_binomials(
+        matrix.sum(axis=0), rows, prob, alpha=ALPHA * BITS_WIDTH / family, label=f"p={p} position"
+    )
+    assert_binomial(
+        int(matrix.sum(dtype=np.int64)), matrix.size, prob, alpha=ALPHA / family, label="total"
+    )
+
+
 @pytest.mark.parametrize("p", BITS_PROBS)
 def test_bernoulli_bits_adjacent_independence(make_source: SourceFactory, p: float) -> None:
     """Neighbouring bits are independent: 2x2 chi-square on disjoint pairs.
@@ -481,15 +504,28 @@ def test_bernoulli_bits_threshold_boundary(monkeypatch: pytest.MonkeyPatch, p: f
     """White-box: a bit is 1 iff U < T exactly: U = T gives 0, U just below T gives 1.
 
     Relies on the documented lazy comparison: U's bits are drawn most significant
-    first, one call of ``words`` per bit position.
+    first, one call of ``words`` per bit position (a matrix above the direct-draw size).
     """
     threshold = int(threshold53(p))
     lowest_one = (threshold & -threshold).bit_length() - 1
+    rows = DIRECT_BERNOULLI_WORDS  # 64 rows of 10 bytes: 80 words, the lazy path
     for flip_at, expected in ((None, 0), (lowest_one, 1)):
         source = RandomSource(None)
         monkeypatch.setattr(source, "words", _bit_words(threshold, flip_at))
-        matrix = np.unpackbits(source.bernoulli_bits(p, 3, 77), axis=1, count=77)
+        matrix = np.unpackbits(source.bernoulli_bits(p, rows, 77), axis=1, count=77)
         assert np.all(matrix == expected), f"U {'= T' if flip_at is None else '< T'}"
+
+
+@pytest.mark.parametrize("p", [2.0**-53, 1e-3, 0.5, 1 - 2.0**-53])
+def test_bernoulli_bits_direct_draw_boundary(monkeypatch: pytest.MonkeyPatch, p: float) -> None:
+    """White-box, small matrices (one 53-bit U per bit): U = T gives 0, U = T - 1 gives 1."""
+    threshold = int(threshold53(p))
+    for u, expected in ((threshold, 0), (threshold - 1, 1)):
+        source = RandomSource(None)
+        word = np.uint64(u << 11)  # the top 53 bits of the word are U
+        monkeypatch.setattr(source, "words", lambda size, w=word: np.full(size, w))
+        matrix = np.unpackbits(source.bernoulli_bits(p, 3, 77), axis=1, count=77)
+        assert np.all(matrix == expected), f"U = T{'' if expected == 0 else ' - 1'}"
 
 
 # --------------------------------------------------------------------------------------
