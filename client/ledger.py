@@ -190,7 +190,7 @@ class PrivacyLedger:
             amount = min(epsilon * reports, status.left_for(metric))
             _credit(state, metric, -amount)
             self._write(state)
-            self._high_water = max(self._high_water, state["clock"])
+            self._seen(state)
             self._reservations[metric] = _Reservation(
                 state["period"], status.period_end, amount - epsilon, reports
             )
@@ -207,6 +207,7 @@ class PrivacyLedger:
                         _credit(state, metric, reservation.remaining)
                 self._write(state)
             self._reservations.clear()
+            self._high_water = max(self._high_water, state["clock"])
 
     def status(self) -> BudgetStatus:
         """Spent and left: this period, per metric and for life (reservations not yet used
@@ -214,10 +215,17 @@ class PrivacyLedger:
         with self._memory, self._locked():
             state = self._advance(self._read(create=False))
             self._write(state)
+            self._seen(state)
             reserved = sum(
                 r.remaining for r in self._reservations.values() if r.period == state["period"]
             )
             return replace(self._status(state), reserved=reserved)
+
+    def _seen(self, state: dict[str, Any]) -> None:
+        """Remember the ledger's clock, and drop reservations of periods that have ended."""
+        self._high_water = max(self._high_water, state["clock"])
+        for metric in [m for m, r in self._reservations.items() if r.period != state["period"]]:
+            del self._reservations[metric]
 
     # --- state ---------------------------------------------------------------------
 
@@ -342,6 +350,12 @@ def _parse(raw: bytes, path: Path) -> dict[str, Any]:
                 raise ValueError(f"bad {key}")
         if not isinstance(state["spent_per_metric"], dict) or not isinstance(state["period"], int):
             raise ValueError("bad spending record")
+        for key in ("spent_this_period", "spent_lifetime"):
+            if state[key] < 0:
+                raise ValueError(f"negative {key}")
+        for metric, spent in state["spent_per_metric"].items():
+            if not isinstance(spent, int | float) or not math.isfinite(spent) or spent < 0:
+                raise ValueError(f"bad spending on {metric!r}")
         bytes.fromhex(state["device_secret"])
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise LedgerCorruptError(

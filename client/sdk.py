@@ -59,8 +59,12 @@ class TelemetryClient:
         )
         state = Path(state_dir)
         self.limits = limits or BudgetLimits()
-        self._ledger = PrivacyLedger(state, self.limits)
-        self._outbox = Outbox(state, max_queued_reports, max_queued_bytes)
+        try:
+            self._ledger = PrivacyLedger(state, self.limits)
+            self._outbox = Outbox(state, max_queued_reports, max_queued_bytes)
+        except BaseException:
+            self._http.close()
+            raise
         self._specs = SpecCache(state, self._fetch_specs, spec_refresh_seconds)
         self._mechanisms: dict[tuple[str, int], Mechanism] = {}
         self._uploader = Uploader(
@@ -70,7 +74,7 @@ class TelemetryClient:
 
     # --- recording -------------------------------------------------------------------
 
-    def record(self, metric: str, value: str | int | float) -> None:
+    def record(self, metric: str, value: str | int | float | np.integer | np.floating) -> None:
         """Report a category (its label, or its index) or a number for ``metric``."""
         spec, mechanism = self._lookup(metric)
         kind = spec.mechanism.kind
@@ -119,10 +123,12 @@ class TelemetryClient:
         if self._closed:
             return True
         self._closed = True
-        delivered = self._uploader.stop(timeout)
-        self._ledger.release()
-        self._outbox.close()
-        self._http.close()
+        try:
+            delivered = self._uploader.stop(timeout)
+            self._ledger.release()
+        finally:
+            self._outbox.close()
+            self._http.close()
         return delivered
 
     def __enter__(self) -> TelemetryClient:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from shared.schemas import MechanismSpec
 
@@ -38,6 +38,19 @@ class MetricSpec(BaseModel):
     description: str = ""
     mechanism: MechanismSpec
     labels: tuple[str, ...] | None = None
+
+    @model_validator(mode="after")
+    def _labels_fit_the_mechanism(self) -> MetricSpec:
+        labels, kind = self.labels, self.mechanism.kind
+        if labels is None:
+            return self
+        if len(set(labels)) != len(labels):
+            raise ValueError("labels are not distinct")
+        if kind == "categorical" and len(labels) != self.mechanism.domain_size:
+            raise ValueError(f"{len(labels)} labels for domain_size {self.mechanism.domain_size}")
+        if kind == "numeric":
+            raise ValueError("a numeric metric has no labels")
+        return self
 
 
 class SpecCache:

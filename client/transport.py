@@ -13,6 +13,7 @@ waits in the outbox.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 import time
@@ -35,10 +36,14 @@ class RetryPolicy:
 
     base: float = 0.5
     cap: float = 60.0
+    #: Longest ``Retry-After`` obeyed (a larger or infinite value is treated as this).
+    max_retry_after: float = 3600.0
 
     def delay(self, attempt: int, retry_after: float | None, rng: random.Random) -> float:
+        """The wait before the next attempt: the jittered backoff, or longer if the server
+        asked (``Retry-After``, honoured up to ``max_retry_after``)."""
         backoff = rng.uniform(0.0, min(self.cap, self.base * 2.0 ** min(attempt, 30)))
-        return max(backoff, retry_after or 0.0)
+        return max(backoff, min(retry_after or 0.0, self.max_retry_after))
 
 
 @dataclass
@@ -134,6 +139,8 @@ class Uploader:
     def _send_once(self, timeout: float | None) -> None:
         """Post one batch of the oldest reports and act on the answer."""
         with self._send_lock:
+            if time.monotonic() < self._not_before:  # another sender just met a backoff
+                return
             batch = self._outbox.peek(self.batch_size)
             if not batch:
                 return
@@ -176,6 +183,7 @@ def _retry_after(response: httpx.Response) -> float | None:
     if value is None:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
-        return None
+        return None  # the HTTP-date form: the jittered backoff applies
+    return None if math.isnan(seconds) else max(0.0, seconds)  # inf: capped by the policy

@@ -1,0 +1,92 @@
+"""The client package stays light: no server-side library is imported, at import or in use.
+
+Each check runs in a fresh interpreter, so that what the test process itself has
+imported (the aggregator's tests import FastAPI, SQLAlchemy, SciPy) cannot hide or fake
+an import.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SERVER_SIDE = ("fastapi", "sqlalchemy", "scipy", "uvicorn", "starlette")
+ROOT = Path(__file__).resolve().parents[2]
+
+_REPORT = f"""
+import json, sys
+heavy = sorted({{name.split(".")[0] for name in sys.modules}} & set({SERVER_SIDE!r}))
+print(json.dumps(heavy))
+"""
+
+_IMPORT_ONLY = "import client\nfrom client import TelemetryClient, BudgetLimits\n" + _REPORT
+
+_IN_USE = (
+    """
+import json, tempfile
+import httpx
+from client import TelemetryClient
+
+METRICS = [
+    {"name": m, "version": 1, "mechanism": {"mechanism": m, "epsilon": 1.0, "domain_size": 4}}
+    for m in ("grr", "oue", "sue", "olh", "hr", "auto")
+]
+METRICS += [
+    {"name": m, "version": 1, "mechanism": {"mechanism": m, "epsilon": 1.0, "lower": 0, "upper": 1}}
+    for m in ("laplace", "duchi", "piecewise")
+]
+METRICS.append({"name": "rappor", "version": 1, "mechanism": {
+    "mechanism": "rappor", "num_bits": 16, "num_hashes": 2, "num_cohorts": 4,
+    "f": 0.5, "p": 0.25, "q": 0.75}})
+
+def handle(request):
+    if request.url.path == "/v1/metrics":
+        return httpx.Response(200, json=METRICS)
+    count = len(json.loads(request.content)["reports"])
+    return httpx.Response(200, json={"accepted": count, "duplicates": 0})
+
+with tempfile.TemporaryDirectory() as state:
+    client = TelemetryClient("http://aggregator.test", "key", state,
+                             transport=httpx.MockTransport(handle), upload_interval=3600)
+    for item in METRICS:
+        name = item["name"]
+        if name == "rappor":
+            client.record_string(name, "example.com")
+        elif "domain_size" in item["mechanism"]:
+            client.record(name, 3)
+        else:
+            client.record(name, 0.5)
+    client.budget()
+    assert client.queued == len(METRICS)
+    assert client.close(timeout=10) is True
+"""
+    + _REPORT
+)
+
+
+def _server_side_modules(code: str) -> list[str]:
+    completed = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def test_importing_the_client_imports_no_server_side_library() -> None:
+    assert _server_side_modules(_IMPORT_ONLY) == []
+
+
+def test_recording_with_every_mechanism_imports_no_server_side_library() -> None:
+    assert _server_side_modules(_IN_USE) == []
+
+
+def test_the_check_sees_a_server_side_import() -> None:
+    """The probe itself works: it does report a library that was imported."""
+    assert _server_side_modules("import client, starlette\n" + _REPORT) == ["starlette"]
