@@ -23,9 +23,11 @@ from typing import Any
 OUTBOX_FILE = "outbox.sqlite3"
 
 _SCHEMA = (
+    # seq is assigned here, increasing within a process (no AUTOINCREMENT table, no index on
+    # report_id: one B-tree page per insert keeps record() cheap).
     "CREATE TABLE IF NOT EXISTS outbox ("
-    " seq INTEGER PRIMARY KEY AUTOINCREMENT,"
-    " report_id TEXT NOT NULL UNIQUE,"
+    " seq INTEGER PRIMARY KEY,"
+    " report_id TEXT NOT NULL,"
     " body TEXT NOT NULL,"
     " size INTEGER NOT NULL)",
     "CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
@@ -58,32 +60,36 @@ class Outbox:
         with self._transaction():
             for statement in _SCHEMA:
                 self._db.execute(statement)
-        self._count, self._bytes = self._db.execute(
-            "SELECT count(*), coalesce(sum(size), 0) FROM outbox"
+        self._count, self._bytes, last = self._db.execute(
+            "SELECT count(*), coalesce(sum(size), 0), coalesce(max(seq), 0) FROM outbox"
         ).fetchone()
+        # Sequence numbers never repeat within a process, so a batch being uploaded can
+        # never be confused with reports queued after it (even if it was evicted meanwhile).
+        self._next_seq = int(last) + 1
 
     def add(self, reports: Sequence[dict[str, Any]]) -> int:
         """Queue wire reports durably; returns how many old reports were dropped for room."""
-        rows = [
-            (report["report_id"], text, len(text))
-            for report in reports
-            for text in [json.dumps(report, separators=(",", ":"), allow_nan=False)]
-        ]
-        added = sum(size for _, _, size in rows)
+        texts = [json.dumps(report, separators=(",", ":"), allow_nan=False) for report in reports]
+        added = sum(len(text) for text in texts)
         with self._lock:
+            first, self._next_seq = self._next_seq, self._next_seq + len(texts)
+            rows = [
+                (first + i, report["report_id"], text, len(text))
+                for i, (report, text) in enumerate(zip(reports, texts, strict=True))
+            ]
             fits = (
                 self._count + len(rows) <= self.max_reports
                 and self._bytes + added <= self.max_bytes
             )
             if fits and len(rows) == 1:  # one statement is its own transaction: one commit
                 self._db.execute(
-                    "INSERT INTO outbox (report_id, body, size) VALUES (?, ?, ?)", rows[0]
+                    "INSERT INTO outbox (seq, report_id, body, size) VALUES (?, ?, ?, ?)", rows[0]
                 )
                 self._count, self._bytes = self._count + 1, self._bytes + added
                 return 0
             with self._transaction():
                 self._db.executemany(
-                    "INSERT INTO outbox (report_id, body, size) VALUES (?, ?, ?)", rows
+                    "INSERT INTO outbox (seq, report_id, body, size) VALUES (?, ?, ?, ?)", rows
                 )
                 self._count += len(rows)
                 self._bytes += added

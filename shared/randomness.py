@@ -119,6 +119,30 @@ class RandomSource:
             rejected = rejected[out[rejected] >= high]
         return out
 
+    def octets(self, size: int) -> np.ndarray:
+        """``size`` independent uniform bytes (uint8)."""
+        if self._rng is None:
+            return np.frombuffer(os.urandom(size), dtype=np.uint8).copy()
+        return self._rng.integers(0, 256, size=size, dtype=np.uint8)
+
+    def _bernoulli_by_bytes(self, threshold: int, size: int) -> np.ndarray:
+        """``size`` booleans, each ``V < 8 T`` for V uniform on 56 bits, drawn a byte at a time.
+
+        P(V < 8 T) = 8 T / 2^56 = T / 2^53, exactly the 53-bit comparison's probability. V's
+        bytes are drawn from the most significant: a lane is decided by the first byte that
+        differs from 8 T's, so a lane needs another byte with probability 1/256.
+        """
+        digits = np.frombuffer((threshold << 3).to_bytes(7, "big"), dtype=np.uint8)
+        result = np.zeros(size, dtype=bool)
+        pending = np.arange(size)
+        for digit in digits:
+            draws = self.octets(pending.size)
+            result[pending[draws < digit]] = True
+            pending = pending[draws == digit]
+            if not pending.size:
+                break
+        return result  # lanes still pending have V = 8 T: not below it
+
     def uniform(self, size: int) -> np.ndarray:
         """Uniform floats on [0, 1) with 53 random bits each (k / 2**53)."""
         return (self.words(size) >> np.uint64(11)).astype(np.float64) / _BITS53
@@ -143,8 +167,9 @@ class RandomSource:
         first bit where U and T differ. A word leaves the loop once all its lanes
         are decided, so the expected cost is about 8 random words per 64 bits
         instead of one 53-bit draw per bit. Small matrices (at most
-        ``DIRECT_BERNOULLI_WORDS`` words, e.g. one report of up to 4096 bits) draw one
-        53-bit U per bit instead: the same distribution, without the loop's overhead.
+        ``DIRECT_BERNOULLI_WORDS`` words, e.g. one report of up to 4096 bits) compare one
+        byte-wise lazily drawn 56-bit V per bit with 8 T instead (``_bernoulli_by_bytes``):
+        the same distribution, about one random byte per bit, without the word loop.
         """
         nbytes = (bits + 7) // 8
         total = (rows * nbytes + 7) // 8  # rows are laid end to end: no word is shared waste
@@ -153,8 +178,7 @@ class RandomSource:
         if threshold == _BITS53:
             result[:] = np.iinfo(np.uint64).max
         elif threshold > 0 and total <= DIRECT_BERNOULLI_WORDS:
-            lanes = (self.words(64 * total) >> np.uint64(11)) < np.uint64(threshold)
-            result = np.packbits(lanes).view(np.uint64)
+            result = np.packbits(self._bernoulli_by_bytes(threshold, 64 * total)).view(np.uint64)
         elif threshold > 0:
             for start in range(0, total, _BLOCK_WORDS):  # cache-sized blocks
                 _lazy_compare(self, threshold, result[start : start + _BLOCK_WORDS])

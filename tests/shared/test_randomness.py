@@ -518,14 +518,17 @@ def test_bernoulli_bits_threshold_boundary(monkeypatch: pytest.MonkeyPatch, p: f
 
 @pytest.mark.parametrize("p", [2.0**-53, 1e-3, 0.5, 1 - 2.0**-53])
 def test_bernoulli_bits_direct_draw_boundary(monkeypatch: pytest.MonkeyPatch, p: float) -> None:
-    """White-box, small matrices (one 53-bit U per bit): U = T gives 0, U = T - 1 gives 1."""
+    """White-box, small matrices (one 56-bit V per bit, drawn a byte at a time from the most
+    significant): V = 8 T gives 0, V = 8 T - 1 gives 1."""
     threshold = int(threshold53(p))
-    for u, expected in ((threshold, 0), (threshold - 1, 1)):
+    for v, expected in ((threshold << 3, 0), ((threshold << 3) - 1, 1)):
         source = RandomSource(None)
-        word = np.uint64(u << 11)  # the top 53 bits of the word are U
-        monkeypatch.setattr(source, "words", lambda size, w=word: np.full(size, w))
+        digits = iter(v.to_bytes(7, "big"))
+        monkeypatch.setattr(
+            source, "octets", lambda size, d=digits: np.full(size, next(d), np.uint8)
+        )
         matrix = np.unpackbits(source.bernoulli_bits(p, 3, 77), axis=1, count=77)
-        assert np.all(matrix == expected), f"U = T{'' if expected == 0 else ' - 1'}"
+        assert np.all(matrix == expected), f"V = 8T{'' if expected == 0 else ' - 1'}"
 
 
 # --------------------------------------------------------------------------------------
