@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import math
+import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -161,13 +162,12 @@ class TelemetryClient:
         return spec, mechanism
 
     def _enqueue(self, spec: MetricSpec, payload: dict[str, Any]) -> None:
-        hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
         report = {
             "report_id": str(uuid.uuid4()),
             "metric": spec.name,
             "version": spec.version,
             "payload": payload,
-            "time": hour.strftime("%Y-%m-%dT%H:00:00Z"),
+            "time": _current_hour(),
         }
         self._outbox.add([report])
         self._uploader.notify()
@@ -185,6 +185,19 @@ class TelemetryClient:
 
     def _tick(self) -> None:
         self._specs.refresh()
+
+
+_hour_cache: tuple[int, str] = (-1, "")
+
+
+def _current_hour() -> str:
+    """The current UTC hour as ISO-8601 (``2026-11-22T10:00:00Z``), formatted once an hour."""
+    global _hour_cache
+    hour = int(time.time() // 3600)
+    if hour != _hour_cache[0]:
+        stamp = datetime.fromtimestamp(hour * 3600, UTC).strftime("%Y-%m-%dT%H:00:00Z")
+        _hour_cache = (hour, stamp)
+    return _hour_cache[1]
 
 
 def _category(spec: MetricSpec, value: object) -> np.ndarray:

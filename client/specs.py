@@ -22,6 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from shared.schemas import MechanismSpec
 
 SPECS_FILE = "specs.json"
+#: Seconds between attempts to fetch the specs after a failure.
+RETRY_SECONDS = 60.0
 
 
 class SpecError(Exception):
@@ -69,6 +71,9 @@ class SpecCache:
         self._specs: dict[str, MetricSpec] = {}
         self._problems: dict[str, str] = {}
         self._fetched_at = -float("inf")
+        self._retry_at = -float("inf")
+        #: Why the last fetch failed, or None.
+        self.last_error: str | None = None
         self._load_cached()
 
     def get(self, name: str) -> MetricSpec:
@@ -81,19 +86,31 @@ class SpecCache:
                 found = self._specs.get(name)
                 problem = self._problems.get(name)
             if found is None:
+                if problem is None and self.last_error is not None and not self._specs:
+                    problem = (
+                        f"cannot record {name!r}: the metric specs could not be fetched "
+                        f"({self.last_error}) and none are cached yet"
+                    )
                 raise SpecError(problem or f"the aggregator defines no metric {name!r}")
         return found
 
     def refresh(self, force: bool = False) -> bool:
         """Fetch the specs if due (or ``force``); False when offline (the cache stays)."""
-        if not force and time.monotonic() - self._fetched_at < self.refresh_seconds:
+        now = time.monotonic()
+        if not force and now - self._fetched_at < self.refresh_seconds:
             return True
+        if not force and now < self._retry_at:
+            return False
         try:
             items = self._fetch()
-        except Exception:  # noqa: BLE001 - offline or failing: keep the last good specs
+        except Exception as error:  # noqa: BLE001 - offline or failing: keep the last good specs
+            # Try again in a minute (or at the next unknown metric), not at every wake-up.
+            self._retry_at = now + min(RETRY_SECONDS, self.refresh_seconds)
+            self.last_error = f"{type(error).__name__}: {error}"
             return False
         self._install(items)
         self._fetched_at = time.monotonic()
+        self.last_error = None
         self._save(items)
         return True
 

@@ -86,8 +86,9 @@ class Uploader:
         self._thread.start()
 
     def notify(self) -> None:
-        """A report was queued: upload now if a full batch waits."""
-        if len(self._outbox) >= self.batch_size:
+        """A report was queued: upload now if it completed a batch (not during a backoff:
+        offline, a device must not wake its radio for every report)."""
+        if len(self._outbox) % self.batch_size == 0 and time.monotonic() >= self._not_before:
             self._kick()
 
     def flush(self, timeout: float) -> bool:
