@@ -129,19 +129,19 @@ class RandomSource:
         """``size`` booleans, each ``V < 8 T`` for V uniform on 56 bits, drawn a byte at a time.
 
         P(V < 8 T) = 8 T / 2^56 = T / 2^53, exactly the 53-bit comparison's probability. V's
-        bytes are drawn from the most significant: a lane is decided by the first byte that
-        differs from 8 T's, so a lane needs another byte with probability 1/256.
+        top byte is drawn first and decides the lane unless it equals 8 T's (probability
+        1/256); those few lanes draw their other six bytes at once and compare the rest.
         """
-        digits = np.frombuffer((threshold << 3).to_bytes(7, "big"), dtype=np.uint8)
-        result = np.zeros(size, dtype=bool)
-        pending = np.arange(size)
-        for digit in digits:
-            draws = self.octets(pending.size)
-            result[pending[draws < digit]] = True
-            pending = pending[draws == digit]
-            if not pending.size:
-                break
-        return result  # lanes still pending have V = 8 T: not below it
+        scaled = threshold << 3
+        top, rest = scaled >> 48, scaled & ((1 << 48) - 1)
+        draws = self.octets(size)
+        result = draws < top
+        pending = np.flatnonzero(draws == top)
+        if pending.size:
+            low = np.zeros((pending.size, 8), dtype=np.uint8)
+            low[:, 2:] = self.octets(6 * pending.size).reshape(-1, 6)
+            result[pending] = low.view(">u8").reshape(-1) < np.uint64(rest)
+        return result
 
     def uniform(self, size: int) -> np.ndarray:
         """Uniform floats on [0, 1) with 53 random bits each (k / 2**53)."""

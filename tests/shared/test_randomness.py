@@ -518,15 +518,20 @@ def test_bernoulli_bits_threshold_boundary(monkeypatch: pytest.MonkeyPatch, p: f
 
 @pytest.mark.parametrize("p", [2.0**-53, 1e-3, 0.5, 1 - 2.0**-53])
 def test_bernoulli_bits_direct_draw_boundary(monkeypatch: pytest.MonkeyPatch, p: float) -> None:
-    """White-box, small matrices (one 56-bit V per bit, drawn a byte at a time from the most
-    significant): V = 8 T gives 0, V = 8 T - 1 gives 1."""
+    """White-box, small matrices (one 56-bit V per bit: its top byte, then, for the lanes
+    where that byte ties with 8 T's, its six other bytes): V = 8 T gives 0, V = 8 T - 1
+    gives 1."""
     threshold = int(threshold53(p))
     for v, expected in ((threshold << 3, 0), ((threshold << 3) - 1, 1)):
         source = RandomSource(None)
-        digits = iter(v.to_bytes(7, "big"))
-        monkeypatch.setattr(
-            source, "octets", lambda size, d=digits: np.full(size, next(d), np.uint8)
-        )
+        octets = v.to_bytes(7, "big")
+        draws = iter([octets[:1], octets[1:]])  # the top byte, then six per tied lane
+
+        def fake(size: int, d: Iterator[bytes] = draws) -> np.ndarray:
+            chunk = next(d)
+            return np.frombuffer(chunk * (size // len(chunk)), dtype=np.uint8).copy()
+
+        monkeypatch.setattr(source, "octets", fake)
         matrix = np.unpackbits(source.bernoulli_bits(p, 3, 77), axis=1, count=77)
         assert np.all(matrix == expected), f"V = 8T{'' if expected == 0 else ' - 1'}"
 
