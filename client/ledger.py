@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 #: Most reports of one metric a single durable debit reserves for.
-MAX_RESERVED_REPORTS = 256
+MAX_RESERVED_REPORTS = 1024
 LEDGER_FILE = "ledger.json"
 LOCK_FILE = "ledger.lock"
 MARKER_FILE = "ledger.expected"
