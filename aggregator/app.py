@@ -22,7 +22,7 @@ from fastapi import Depends, FastAPI, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
-from pydantic import BaseModel, BeforeValidator, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, Field, StringConstraints, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -38,7 +38,7 @@ from aggregator.problems import (
     handle_validation,
     problem_response,
 )
-from aggregator.registry import METRIC_NAME, Metric, MetricDefinition
+from aggregator.registry import MAX_LABEL_LENGTH, METRIC_NAME, Metric, MetricDefinition
 from aggregator.service import Aggregator, NotEnoughReportsError, UnknownMetricError
 from aggregator.settings import Settings
 
@@ -176,6 +176,7 @@ def authorized(role: Role) -> Callable[[Request], Awaitable[Principal]]:
     return dependency
 
 
+CandidateString = Annotated[str, StringConstraints(min_length=1, max_length=MAX_LABEL_LENGTH)]
 MetricName = Annotated[str, Path(pattern=METRIC_NAME.pattern, description="Metric name.")]
 
 
@@ -383,17 +384,18 @@ def create_app(settings: Settings, aggregator: Aggregator | None = None) -> Fast
             int | None, Query(ge=1, le=2**31 - 1, description="Default: latest.")
         ] = None,
         candidates: Annotated[
-            list[str] | None,
+            list[CandidateString],
             Query(
-                max_length=10_000, description="RAPPOR: candidate strings (default: the labels)."
+                max_length=10_000,
+                description="RAPPOR: candidate strings to decode (default: the metric's labels).",
             ),
-        ] = None,
+        ] = [],  # noqa: B006 - FastAPI copies defaults per request
     ) -> Any:
         """Debiased estimate of one metric version over a time window, with std and 95% CI."""
         started = time.perf_counter()
         try:
             result = await run_in_threadpool(
-                service.estimate, name, version, start, end, candidates
+                service.estimate, name, version, start, end, candidates or None
             )
         except UnknownMetricError as error:
             raise ProblemError(404, "unknown-metric", "Unknown metric", str(error)) from None
