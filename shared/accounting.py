@@ -49,10 +49,12 @@ __all__ = [
     "DEFAULT_VALUE_DISCRETIZATION_INTERVAL",
     "AccountingMethod",
     "BudgetExceededError",
+    "GaussianRoundsAccountant",
     "PrivacyBudget",
     "calibrate_noise_multiplier",
     "compose_pure",
     "gaussian_epsilon",
+    "gaussian_rounds_epsilon",
 ]
 
 AccountingMethod = Literal["pld", "rdp"]
@@ -358,3 +360,101 @@ def calibrate_noise_multiplier(
         tol=tolerance,
     )
     return float(z)
+
+
+def _rounds_accountant(
+    rounds: dict[float, int],
+    sample_rate: float,
+    method: AccountingMethod,
+    value_discretization_interval: float,
+) -> PrivacyAccountant:
+    accountant = _make_accountant(method, value_discretization_interval)
+    for z, count in sorted(rounds.items()):
+        accountant.compose(_subsampled_gaussian_event(z, sample_rate, count))
+    return accountant
+
+
+def gaussian_rounds_epsilon(
+    rounds: dict[float, int],
+    sample_rate: float,
+    delta: float,
+    method: AccountingMethod = "pld",
+    *,
+    value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
+) -> float:
+    """Epsilon at ``delta`` of rounds of the Poisson-subsampled Gaussian whose noise differs.
+
+    ``rounds`` maps a noise multiplier ``z`` to the number of rounds run with it; the
+    events ``SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(z)), count)`` are
+    composed in one accountant (RDP adds the orders' divergences, PLD convolves the loss
+    distributions). With a single ``z`` this is :func:`gaussian_epsilon`. No rounds at all
+    spend nothing: epsilon 0.
+
+    Raises:
+        ValueError: on any invalid argument; the message names it and its value.
+    """
+    q = _check_sample_rate(sample_rate)
+    d = _check_delta(delta)
+    m = _check_method(method)
+    vdi = _positive_finite("value_discretization_interval", value_discretization_interval)
+    checked: dict[float, int] = {}
+    for z, count in rounds.items():
+        key = _positive_finite("noise_multiplier", z)
+        checked[key] = checked.get(key, 0) + _check_steps(count)
+    if not checked:
+        return 0.0
+    return float(_rounds_accountant(checked, q, m, vdi).get_epsilon(d))
+
+
+@dataclass
+class GaussianRoundsAccountant:
+    """The running (epsilon, delta) of a sequence of Poisson-subsampled Gaussian rounds.
+
+    Holds how many rounds ran at each noise multiplier and answers
+    :func:`gaussian_rounds_epsilon` for them. ``epsilon_after(z)``
+    says what one more round at ``z`` would bring the total to, so that a caller can
+    refuse a round before it runs. A pure-math object: no I/O, persistence is the
+    caller's (``rounds`` is a plain dict of floats to ints).
+    """
+
+    sample_rate: float
+    delta: float
+    method: AccountingMethod = "pld"
+    rounds: dict[float, int] | None = None
+    value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL
+
+    def __post_init__(self) -> None:
+        self.sample_rate = _check_sample_rate(self.sample_rate)
+        self.delta = _check_delta(self.delta)
+        self.method = _check_method(self.method)
+        self.rounds = {} if self.rounds is None else dict(self.rounds)
+
+    @staticmethod
+    def _key(noise_multiplier: float) -> float:
+        return _positive_finite("noise_multiplier", noise_multiplier)
+
+    def _epsilon(self, rounds: dict[float, int]) -> float:
+        return gaussian_rounds_epsilon(
+            rounds,
+            self.sample_rate,
+            self.delta,
+            self.method,
+            value_discretization_interval=self.value_discretization_interval,
+        )
+
+    def epsilon(self) -> float:
+        """Epsilon at ``delta`` of the rounds recorded so far (0 before the first)."""
+        assert self.rounds is not None
+        return self._epsilon(self.rounds)
+
+    def epsilon_after(self, noise_multiplier: float) -> float:
+        """Epsilon if one more round at ``noise_multiplier`` were recorded (nothing changes)."""
+        assert self.rounds is not None
+        key = self._key(noise_multiplier)
+        return self._epsilon({**self.rounds, key: self.rounds.get(key, 0) + 1})
+
+    def record(self, noise_multiplier: float) -> None:
+        """Count one round run at ``noise_multiplier``."""
+        assert self.rounds is not None
+        key = self._key(noise_multiplier)
+        self.rounds[key] = self.rounds.get(key, 0) + 1

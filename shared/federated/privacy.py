@@ -1,0 +1,329 @@
+"""Differential privacy for federated averaging: clipping, Gaussian noise, and who adds it.
+
+A task runs in one of four modes. In every private mode a client first **clips** its
+update to L2 norm ``C``: ``Delta <- Delta * min(1, C / ||Delta||)``, so that one user
+moves the sum of updates by at most ``C``. Then:
+
+``none``
+    plain FedAvg (example-weighted average), no clipping, no noise, no guarantee.
+``local``
+    each client adds ``N(0, (z C)^2)`` to every coordinate before upload. Any two
+    clipped updates differ by at most ``2 C`` in L2 norm, so one upload is the Gaussian
+    mechanism with noise multiplier ``z / 2`` relative to that sensitivity, private on
+    its own against everyone including the server (the local model). Sampling does not
+    amplify it (the server sees who uploads): the accountant composes one such event per
+    round, the worst case of a device that uploads in every round.
+``central``
+    DP-FedAvg (McMahan, Ramage, Talwar and Zhang, *Learning Differentially Private
+    Recurrent Language Models*, ICLR 2018). Each user takes part in a round with
+    probability ``q`` (Poisson sampling, decided on the device), clipped updates are
+    summed by a trusted server, which adds ``N(0, (z C)^2)`` once and divides by the
+    *expected* number of clients ``q W``, a fixed denominator, so that the sensitivity
+    of the average is ``C / (q W)``. User-level guarantee from the accountant of the
+    Poisson-subsampled Gaussian with multiplier ``z`` over the rounds run. The server
+    re-clips whatever arrives.
+``distributed``
+    each client adds ``N(0, (z C)^2 / (q W))``, so that the sum of ``m`` uploads carries
+    noise of variance ``(z C)^2 m / (q W)``: the central noise when ``m = q W``. This
+    protects users from the analyst only if the server sees nothing but the sum, i.e.
+    **it assumes secure aggregation, which this project does not provide**: the server
+    here sees every upload, which is then protected only by its own (small) noise. The
+    accountant charges each round at the effective multiplier ``z sqrt(m / (q W))``, with
+    the neighbouring relation "one user's update replaced by zero".
+
+Adaptive clipping (Andrew, Thakkar, McMahan and Ramaswamy, *Differentially Private
+Learning with Adaptive Clipping*, NeurIPS 2021) lets ``C`` track the ``gamma``-quantile of
+the update norms. Each client also reports ``b_k = 1`` if its update was **not** clipped
+(counting clipped ones instead makes ``C`` diverge). The server releases the noisy
+fraction ``b = (sum_k b_k + N(0, sigma_b^2)) / (q W)`` and sets
+``C <- C exp(-eta (b - gamma))``. Releasing ``b`` costs privacy too: the update noise
+multiplier becomes ``z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2)``, so that the pair is
+exactly as private as one Gaussian release at multiplier ``z`` (Theorem 1 of the paper).
+It needs ``2 sigma_b > z``. Offered in the central and distributed modes, where the
+count's noise is shared; in the local mode each device's bit would need its own noise.
+
+Noise is drawn with Box-Muller from 53-bit uniforms of :class:`shared.randomness.
+RandomSource`: the operating system's CSPRNG on devices (``rng=None``), a seeded
+generator in simulations. Floating-point Gaussian noise is the standard practice of
+DP-SGD and DP-FedAvg; its guarantee is the idealized one of the real-valued mechanism.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from shared.federated.fedavg import FedAvg
+from shared.randomness import RandomSource, Rng, as_source
+
+__all__ = [
+    "AdaptiveClipping",
+    "Contribution",
+    "DPConfig",
+    "PrivacyMode",
+    "PrivateAggregation",
+    "RoundOutcome",
+    "clip_rows",
+    "clip_update",
+    "gaussian_noise",
+    "privatize",
+]
+
+PrivacyMode = Literal["none", "local", "central", "distributed"]
+PRIVACY_MODES: tuple[str, ...] = ("none", "local", "central", "distributed")
+
+#: Tail allowance of the upload norm check: ``||N(0, s^2 I_P)|| <= s (sqrt(P) + t)`` fails
+#: with probability at most ``exp(-t^2 / 2)`` (Gaussian concentration of a 1-Lipschitz
+#: function), about 2e-22 for t = 10.
+NORM_TAIL_ALLOWANCE = 10.0
+
+
+def gaussian_noise(
+    size: int | tuple[int, ...], std: float, rng: Rng | RandomSource = None
+) -> np.ndarray:
+    """Independent ``N(0, std^2)`` draws by the Box-Muller transform.
+
+    With ``U1 = (k1 + 1) / 2^53`` in (0, 1] and ``U2 = k2 / 2^53`` in [0, 1), the pair
+    ``sqrt(-2 ln U1) (cos 2 pi U2, sin 2 pi U2)`` is two independent standard normals
+    (Box and Muller 1958); both are used.
+    """
+    if not (math.isfinite(std) and std >= 0):
+        raise ValueError(f"the noise std must be a finite number >= 0, got {std!r}")
+    shape = (size,) if isinstance(size, int) else tuple(size)
+    count = math.prod(shape)
+    if std == 0.0 or count == 0:
+        return np.zeros(shape)
+    source = as_source(rng)
+    pairs = (count + 1) // 2
+    u1 = 1.0 - source.uniform(pairs)
+    angle = (2.0 * math.pi) * source.uniform(pairs)
+    radius = np.sqrt(-2.0 * np.log(u1))
+    normals = np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:count]
+    return (std * normals).reshape(shape)
+
+
+def clip_rows(updates: np.ndarray, clip_norm: float) -> tuple[np.ndarray, np.ndarray]:
+    """Every row scaled by ``min(1, C / ||row||)``, and whether each was left unclipped."""
+    rows = np.asarray(updates, dtype=np.float64)
+    norms = np.linalg.norm(rows, axis=1)
+    unclipped = norms <= clip_norm
+    scale = np.where(unclipped, 1.0, clip_norm / np.maximum(norms, np.finfo(float).tiny))
+    return rows * scale[:, None], unclipped
+
+
+def clip_update(update: np.ndarray, clip_norm: float) -> tuple[np.ndarray, bool]:
+    """One update clipped to L2 norm ``clip_norm``, and whether it was already within it."""
+    clipped, unclipped = clip_rows(np.asarray(update, dtype=np.float64)[None, :], clip_norm)
+    return clipped[0], bool(unclipped[0])
+
+
+@dataclass(frozen=True)
+class AdaptiveClipping:
+    """Geometric clip-norm updates toward a target quantile of the update norms.
+
+    ``count_noise`` is ``sigma_b``, the std of the noise on the count of unclipped
+    updates; the paper's recommendation is about ``q W / 20``.
+    """
+
+    count_noise: float
+    target_quantile: float = 0.5
+    learning_rate: float = 0.2
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.count_noise) and self.count_noise > 0):
+            raise ValueError(f"count_noise must be a finite number > 0, got {self.count_noise!r}")
+        if not 0.0 < self.target_quantile < 1.0:
+            raise ValueError(f"target_quantile must lie in (0, 1), got {self.target_quantile!r}")
+        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+            raise ValueError(
+                f"learning_rate must be a finite number > 0, got {self.learning_rate!r}"
+            )
+
+    def next_clip_norm(self, clip_norm: float, unclipped_fraction: float) -> float:
+        """``C exp(-eta (b - gamma))``."""
+        return clip_norm * math.exp(
+            -self.learning_rate * (unclipped_fraction - self.target_quantile)
+        )
+
+
+@dataclass(frozen=True)
+class DPConfig:
+    """A task's privacy parameters: mode, clip norm, noise multiplier, expected clients."""
+
+    mode: PrivacyMode
+    clip_norm: float
+    noise_multiplier: float
+    expected_clients: float
+    sample_rate: float = 1.0
+    adaptive: AdaptiveClipping | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in PRIVACY_MODES:
+            raise ValueError(f"mode must be one of {PRIVACY_MODES}, got {self.mode!r}")
+        if not (math.isfinite(self.clip_norm) and self.clip_norm > 0):
+            raise ValueError(f"clip_norm must be a finite number > 0, got {self.clip_norm!r}")
+        if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier >= 0):
+            raise ValueError(
+                f"noise_multiplier must be a finite number >= 0, got {self.noise_multiplier!r}"
+            )
+        if not (math.isfinite(self.expected_clients) and self.expected_clients > 0):
+            raise ValueError(
+                f"expected_clients must be a finite number > 0, got {self.expected_clients!r}"
+            )
+        if not 0.0 < self.sample_rate <= 1.0:
+            raise ValueError(f"sample_rate must lie in (0, 1], got {self.sample_rate!r}")
+        if self.adaptive is not None:
+            if self.mode not in ("central", "distributed"):
+                raise ValueError(
+                    "adaptive clipping is offered in the central and distributed modes only, "
+                    f"not {self.mode!r}: there the noise on the unclipped count is shared"
+                )
+            if (
+                self.noise_multiplier > 0
+                and not 2 * self.adaptive.count_noise > self.noise_multiplier
+            ):
+                raise ValueError(
+                    "adaptive clipping needs 2 * count_noise > noise_multiplier, got "
+                    f"count_noise={self.adaptive.count_noise!r}, "
+                    f"noise_multiplier={self.noise_multiplier!r}"
+                )
+
+    @property
+    def private(self) -> bool:
+        """Whether the mode promises differential privacy (and has noise to keep it)."""
+        return self.mode != "none" and self.noise_multiplier > 0
+
+    @property
+    def update_noise_multiplier(self) -> float:
+        """``z_Delta``: ``z``, or ``(z^-2 - (2 sigma_b)^-2)^(-1/2)`` with adaptive clipping."""
+        z = self.noise_multiplier
+        if self.adaptive is None or z == 0:
+            return z
+        return (z**-2 - (2 * self.adaptive.count_noise) ** -2) ** -0.5
+
+    @property
+    def client_noise_std(self) -> float:
+        """The std, in units of ``C``, of the noise one client adds to each coordinate."""
+        if self.mode == "local":
+            return self.noise_multiplier
+        if self.mode == "distributed":
+            return self.update_noise_multiplier / math.sqrt(self.expected_clients)
+        return 0.0
+
+    @property
+    def accounting_sample_rate(self) -> float:
+        """The sampling rate the accountant may use: none in the local model."""
+        return 1.0 if self.mode == "local" else self.sample_rate
+
+    def accounting_noise_multiplier(self, participants: float) -> float:
+        """The multiplier one round is charged at, given how many clients contributed.
+
+        local: ``z / 2`` (sensitivity ``2 C``); central: ``z``; distributed:
+        ``z sqrt(m / (q W))``, the noise that ``m`` shares actually add up to.
+        """
+        if self.mode == "local":
+            return self.noise_multiplier / 2.0
+        if self.mode == "distributed":
+            return self.noise_multiplier * math.sqrt(participants / self.expected_clients)
+        return self.noise_multiplier
+
+    def max_upload_norm(self, clip_norm: float, num_params: int) -> float:
+        """The largest L2 norm an honest upload has, but for a chance below ``exp(-50)``.
+
+        ``C`` plus the client's noise, ``s C (sqrt(P) + 10)``; infinite in the ``none``
+        mode (nothing to check) and ``C`` in the central mode (no client noise).
+        """
+        if self.mode == "none":
+            return math.inf
+        std = self.client_noise_std * clip_norm
+        return clip_norm + std * (math.sqrt(num_params) + NORM_TAIL_ALLOWANCE)
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """What a client uploads: its (clipped, maybe noised) update and its unclipped bit.
+
+    ``unclipped`` is 1.0 or 0.0 in the central mode, the bit plus its noise share in
+    the distributed mode with adaptive clipping, and 0.0 where unused.
+    """
+
+    update: np.ndarray
+    unclipped: float
+
+
+def privatize(
+    update: np.ndarray, config: DPConfig, clip_norm: float, rng: Rng | RandomSource = None
+) -> Contribution:
+    """The client's side of the mode: clip to ``clip_norm``, add the client's noise share."""
+    raw = np.asarray(update, dtype=np.float64)
+    if config.mode == "none":
+        return Contribution(raw.copy(), 0.0)
+    clipped, unclipped = clip_update(raw, clip_norm)
+    noisy = clipped + gaussian_noise(clipped.shape, config.client_noise_std * clip_norm, rng)
+    bit = float(unclipped)
+    if config.mode == "distributed" and config.adaptive is not None and config.private:
+        share = config.adaptive.count_noise / math.sqrt(config.expected_clients)
+        bit += float(gaussian_noise(1, share, rng)[0])
+    return Contribution(noisy, bit)
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """The server's result of one round: the update to apply and the next clip norm."""
+
+    mean_update: np.ndarray
+    participants: int
+    clip_norm: float
+    unclipped_fraction: float | None
+
+
+@dataclass(frozen=True)
+class PrivateAggregation:
+    """FedAvg's aggregation wrapped with the server's side of a privacy mode.
+
+    ``none``: ``strategy.aggregate`` with example weights. ``local``: the uniform mean of
+    the noised uploads. ``central``: re-clip, take the uniform mean from the strategy,
+    rescale it to the fixed denominator (``mean * m / (q W) = sum / (q W)``) and add
+    ``N(0, (z_Delta C / (q W))^2)``. ``distributed``: the uploads carry the noise; the sum
+    is divided by ``q W``. With adaptive clipping the noisy unclipped fraction sets the
+    next round's ``C``.
+    """
+
+    strategy: FedAvg
+    config: DPConfig
+
+    def aggregate(
+        self,
+        updates: np.ndarray,
+        unclipped: np.ndarray,
+        weights: np.ndarray,
+        clip_norm: float,
+        rng: Rng | RandomSource = None,
+    ) -> RoundOutcome:
+        rows = np.asarray(updates, dtype=np.float64)
+        m = rows.shape[0]
+        config = self.config
+        if config.mode == "none":
+            return RoundOutcome(self.strategy.aggregate(rows, weights), m, clip_norm, None)
+        if config.mode == "local":
+            return RoundOutcome(self.strategy.aggregate(rows), m, clip_norm, None)
+        expected = config.expected_clients
+        bits = np.asarray(unclipped, dtype=np.float64)
+        if config.mode == "central":
+            rows, server_bits = clip_rows(rows, clip_norm)
+            mean = self.strategy.aggregate(rows) * (m / expected)
+            std = config.update_noise_multiplier * clip_norm / expected
+            mean = mean + gaussian_noise(mean.shape, std, rng)
+            count = float(np.sum(np.minimum(bits, server_bits)))
+            if config.adaptive is not None and config.private:
+                count += float(gaussian_noise(1, config.adaptive.count_noise, rng)[0])
+        else:
+            mean = self.strategy.aggregate(rows) * (m / expected)
+            count = float(np.sum(bits))
+        if config.adaptive is None:
+            return RoundOutcome(mean, m, clip_norm, None)
+        fraction = count / expected
+        return RoundOutcome(mean, m, config.adaptive.next_clip_norm(clip_norm, fraction), fraction)

@@ -1,0 +1,357 @@
+"""A federated task: its public configuration, noise calibration, and round-by-round state.
+
+Both the aggregator service and the in-process simulation run a task through
+:class:`TaskState`, so the two cannot differ in how a round is aggregated or charged:
+
+1. ``TaskConfig`` is what an admin creates (the JSON body of ``POST /v1/federated/tasks``):
+   the model, the privacy mode, the planned number of rounds ``T``, the population ``W``
+   and the expected clients per round ``q W``, the clip norm, and either a noise
+   multiplier or a ``target_epsilon`` from which the multiplier is calibrated
+   (:func:`calibrate`), at ``delta``.
+2. ``TaskState.start(config)`` draws the initial model. ``check_round()`` refuses a round
+   that would take the task past its budget: the epsilon after one more round, charged
+   at the fewest participants the round may close with, must not exceed the target
+   (with the same relative slack as the device ledger). ``close_round(...)`` aggregates
+   the contributions with :class:`~shared.federated.privacy.PrivateAggregation`, applies
+   the FedAvg step, and records the round with the accountant
+   (:class:`shared.accounting.GaussianRoundsAccountant`).
+
+Everything is plain data (``to_json`` / ``from_json``, the vectors as float64 bytes), so
+that the service can store a task and pick it up again after a restart.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from shared.accounting import BUDGET_RELATIVE_TOLERANCE, GaussianRoundsAccountant
+from shared.federated.fedavg import FedAvg, ServerState
+from shared.federated.models import LocalTraining, ModelSpec, make_model
+from shared.federated.privacy import (
+    AdaptiveClipping,
+    DPConfig,
+    PrivacyMode,
+    PrivateAggregation,
+)
+from shared.randomness import RandomSource, Rng
+
+__all__ = [
+    "AdaptiveClippingSpec",
+    "BudgetExhaustedError",
+    "LocalTrainingSpec",
+    "RoundRecord",
+    "TaskConfig",
+    "TaskState",
+    "calibrate",
+]
+
+#: The PLD discretization used for federated accounting: a valid (pessimistic) bound,
+#: ten times faster than the 1e-4 default and within about 1% of it at these epsilons.
+FEDERATED_DISCRETIZATION = 1e-3
+
+
+class LocalTrainingSpec(BaseModel):
+    """Local SGD on each device (see :class:`shared.federated.models.LocalTraining`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    epochs: int = Field(default=1, ge=1, le=1000)
+    batch_size: int = Field(default=16, ge=1, le=1_000_000)
+    learning_rate: float = Field(default=0.1, gt=0, allow_inf_nan=False)
+
+    def training(self) -> LocalTraining:
+        return LocalTraining(self.epochs, self.batch_size, self.learning_rate)
+
+
+class AdaptiveClippingSpec(BaseModel):
+    """Adaptive clipping options; ``count_noise`` defaults to ``clients_per_round / 20``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    target_quantile: float = Field(default=0.5, gt=0, lt=1)
+    learning_rate: float = Field(default=0.2, gt=0, allow_inf_nan=False)
+    count_noise: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+
+class TaskConfig(BaseModel):
+    """A federated task as created by an admin: model, privacy mode and budget, schedule."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: ModelSpec
+    mode: PrivacyMode
+    rounds: int = Field(ge=1, le=100_000, description="planned rounds T")
+    population: int = Field(ge=1, description="number of users W who may take part")
+    clients_per_round: float = Field(gt=0, allow_inf_nan=False, description="expected q W")
+    clip_norm: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    target_epsilon: float | None = Field(
+        default=None, gt=0, description="calibrate the noise for this epsilon (null: none)"
+    )
+    noise_multiplier: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    delta: float = Field(default=1e-5, gt=0, lt=1)
+    accounting: Literal["pld", "rdp"] = "pld"
+    adaptive_clipping: AdaptiveClippingSpec | None = None
+    local_training: LocalTrainingSpec = LocalTrainingSpec()
+    server_learning_rate: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    server_momentum: float = Field(default=0.0, ge=0, lt=1)
+    min_clients: int = Field(default=1, ge=1, description="a round closes with no fewer")
+    max_clients: int | None = Field(
+        default=None, ge=1, description="a round closes as soon as this many arrived"
+    )
+    round_timeout_seconds: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+    seed: int = Field(default=0, ge=0, description="seed of the initial model")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TaskConfig:
+        if self.clients_per_round > self.population:
+            raise ValueError(
+                f"clients_per_round ({self.clients_per_round}) exceeds population "
+                f"({self.population})"
+            )
+        if self.mode == "none":
+            if self.noise_multiplier or (
+                self.target_epsilon is not None and math.isfinite(self.target_epsilon)
+            ):
+                raise ValueError(
+                    "mode 'none' adds no noise: give no noise_multiplier or target_epsilon"
+                )
+        elif self.noise_multiplier is not None and self.target_epsilon is not None:
+            raise ValueError("give either noise_multiplier or target_epsilon, not both")
+        elif self.noise_multiplier is None and self.target_epsilon is None:
+            raise ValueError(f"mode {self.mode!r} needs a noise_multiplier or a target_epsilon")
+        if self.max_clients is not None and self.max_clients < self.min_clients:
+            raise ValueError("max_clients must be at least min_clients")
+        if self.adaptive_clipping is not None and self.mode not in ("central", "distributed"):
+            raise ValueError(
+                "adaptive clipping is offered in the central and distributed modes only"
+            )
+        return self
+
+    @property
+    def sample_rate(self) -> float:
+        """``q = clients_per_round / population``."""
+        return self.clients_per_round / self.population
+
+    def adaptive(self) -> AdaptiveClipping | None:
+        spec = self.adaptive_clipping
+        if spec is None:
+            return None
+        count_noise = spec.count_noise or self.clients_per_round / 20.0
+        return AdaptiveClipping(count_noise, spec.target_quantile, spec.learning_rate)
+
+
+def calibrate(config: TaskConfig) -> float:
+    """The noise multiplier ``z`` of a task: given, or the smallest that meets the target.
+
+    Over the planned ``T`` rounds: central and distributed, the Poisson-subsampled
+    Gaussian at ``q``; local, ``T`` uploads each a Gaussian at ``z / 2`` (so ``z`` is
+    twice the calibrated multiplier). In the distributed mode a round may close with as
+    few as ``min_clients`` noise shares, whose sum has multiplier ``z sqrt(min / (q W))``:
+    the multiplier is raised by ``sqrt(q W / min)`` so that even such rounds stay within
+    the target. An infinite target (or the ``none`` mode) is 0.
+    """
+    if config.mode == "none":
+        return 0.0
+    if config.noise_multiplier is not None:
+        return config.noise_multiplier
+    assert config.target_epsilon is not None
+    if math.isinf(config.target_epsilon):
+        return 0.0
+    from shared.accounting import calibrate_noise_multiplier
+
+    local = config.mode == "local"
+    z = calibrate_noise_multiplier(
+        config.target_epsilon,
+        1.0 if local else config.sample_rate,
+        config.rounds,
+        config.delta,
+        config.accounting,
+        value_discretization_interval=FEDERATED_DISCRETIZATION,
+    )
+    if local:
+        return 2.0 * z
+    if config.mode == "distributed":
+        return z * math.sqrt(max(1.0, config.clients_per_round / config.min_clients))
+    return z
+
+
+class BudgetExhaustedError(RuntimeError):
+    """Another round would take the task past its privacy budget (or its planned rounds)."""
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """What one closed round did: who took part, the clip norm, the epsilon after it."""
+
+    round: int
+    participants: int
+    clip_norm: float
+    epsilon: float
+    unclipped_fraction: float | None = None
+    evaluation: dict[str, float] = field(default_factory=dict)
+
+
+def _encode_vector(vector: np.ndarray) -> str:
+    return base64.b64encode(np.asarray(vector, dtype="<f8").tobytes()).decode("ascii")
+
+
+def _decode_vector(text: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(text), dtype="<f8").astype(np.float64)
+
+
+@dataclass
+class TaskState:
+    """A task in progress: the global model, the clip norm, the rounds and their cost."""
+
+    config: TaskConfig
+    noise_multiplier: float
+    server: ServerState
+    clip_norm: float
+    round: int = 0
+    accountant_rounds: dict[float, int] = field(default_factory=dict)
+    history: list[RoundRecord] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, config: TaskConfig, noise_multiplier: float | None = None) -> TaskState:
+        """A new task at round 0 with the model's initial parameters (seeded by ``seed``)."""
+        z = calibrate(config) if noise_multiplier is None else noise_multiplier
+        params = make_model(config.model).init_params(np.random.default_rng(config.seed))
+        return cls(config, z, ServerState.start(params), config.clip_norm)
+
+    @property
+    def dp(self) -> DPConfig:
+        c = self.config
+        return DPConfig(
+            c.mode,
+            self.clip_norm,
+            self.noise_multiplier,
+            c.clients_per_round,
+            c.sample_rate,
+            c.adaptive(),
+        )
+
+    @property
+    def strategy(self) -> FedAvg:
+        return FedAvg(self.config.server_learning_rate, self.config.server_momentum)
+
+    @property
+    def num_params(self) -> int:
+        return int(self.server.params.size)
+
+    def _accountant(self) -> GaussianRoundsAccountant:
+        return GaussianRoundsAccountant(
+            self.dp.accounting_sample_rate,
+            self.config.delta,
+            self.config.accounting,
+            self.accountant_rounds,
+            FEDERATED_DISCRETIZATION,
+        )
+
+    def epsilon(self) -> float:
+        """Epsilon spent so far at the task's delta (0 before any round; inf without noise)."""
+        if not self.history:
+            return 0.0
+        if not self.dp.private:
+            return math.inf
+        return self._accountant().epsilon()
+
+    @property
+    def budget(self) -> float:
+        """The task's epsilon budget: the target, or what the planned rounds cost."""
+        if self.config.target_epsilon is not None:
+            return self.config.target_epsilon
+        if not self.dp.private:
+            return math.inf
+        planned = {
+            self.dp.accounting_noise_multiplier(self.config.clients_per_round): self.config.rounds
+        }
+        from shared.accounting import gaussian_rounds_epsilon
+
+        return gaussian_rounds_epsilon(
+            planned,
+            self.dp.accounting_sample_rate,
+            self.config.delta,
+            self.config.accounting,
+            value_discretization_interval=FEDERATED_DISCRETIZATION,
+        )
+
+    def check_round(self) -> None:
+        """Raise :class:`BudgetExhaustedError` unless one more round fits the plan and budget."""
+        if self.round >= self.config.rounds:
+            raise BudgetExhaustedError(
+                f"the task has run all of its {self.config.rounds} planned rounds"
+            )
+        if not self.dp.private:
+            return
+        worst = self.dp.accounting_noise_multiplier(self.config.min_clients)
+        after = self._accountant().epsilon_after(worst)
+        if after > self.budget * (1.0 + BUDGET_RELATIVE_TOLERANCE) + 1e-9:
+            raise BudgetExhaustedError(
+                f"another round would bring epsilon to {after:.4g}, past the task's budget of "
+                f"{self.budget:.4g} (delta={self.config.delta:g})"
+            )
+
+    def close_round(
+        self,
+        updates: np.ndarray,
+        unclipped: np.ndarray,
+        weights: np.ndarray,
+        rng: Rng | RandomSource = None,
+        evaluation: dict[str, float] | None = None,
+    ) -> RoundRecord:
+        """Aggregate one round's contributions, step the model, and charge the round.
+
+        ``updates`` is (m, P), one row per accepted upload; ``unclipped`` the uploads'
+        bits; ``weights`` their example counts (used by the ``none`` mode only).
+        """
+        self.check_round()
+        m = updates.shape[0]
+        if m < self.config.min_clients:
+            raise ValueError(f"a round needs at least {self.config.min_clients} updates, got {m}")
+        aggregation = PrivateAggregation(self.strategy, self.dp)
+        outcome = aggregation.aggregate(updates, unclipped, weights, self.clip_norm, rng)
+        self.server = self.strategy.apply(self.server, outcome.mean_update)
+        if self.dp.private:
+            accountant = self._accountant()
+            accountant.record(self.dp.accounting_noise_multiplier(m))
+            assert accountant.rounds is not None
+            self.accountant_rounds = accountant.rounds
+        self.round += 1
+        epsilon = self._accountant().epsilon() if self.dp.private else math.inf
+        record = RoundRecord(
+            self.round, m, self.clip_norm, epsilon, outcome.unclipped_fraction, evaluation or {}
+        )
+        self.clip_norm = outcome.clip_norm
+        self.history.append(record)
+        return record
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON-ready data; :meth:`from_json` restores an equal state."""
+        return {
+            "config": self.config.model_dump(mode="json"),
+            "noise_multiplier": self.noise_multiplier,
+            "params": _encode_vector(self.server.params),
+            "velocity": _encode_vector(self.server.velocity),
+            "clip_norm": self.clip_norm,
+            "round": self.round,
+            "accountant_rounds": [[z, n] for z, n in self.accountant_rounds.items()],
+            "history": [record.__dict__ for record in self.history],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TaskState:
+        return cls(
+            TaskConfig.model_validate(data["config"]),
+            float(data["noise_multiplier"]),
+            ServerState(_decode_vector(data["params"]), _decode_vector(data["velocity"])),
+            float(data["clip_norm"]),
+            int(data["round"]),
+            {float(z): int(n) for z, n in data["accountant_rounds"]},
+            [RoundRecord(**record) for record in data["history"]],
+        )

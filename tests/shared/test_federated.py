@@ -1,0 +1,454 @@
+"""Federated learning core: models, FedAvg, clipping, noise, privacy modes, tasks.
+
+Statistical tests use fixed seeds; each states its false-failure rate under the
+hypothesis it checks (about 1e-6 unless said otherwise).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from shared.accounting import (
+    GaussianRoundsAccountant,
+    calibrate_noise_multiplier,
+    gaussian_epsilon,
+    gaussian_rounds_epsilon,
+)
+from shared.federated.fedavg import FedAvg, ServerState, client_update
+from shared.federated.models import (
+    MLP,
+    LocalTraining,
+    LogisticRegression,
+    ModelSpec,
+    accuracy,
+    local_train,
+    make_model,
+)
+from shared.federated.privacy import (
+    AdaptiveClipping,
+    DPConfig,
+    PrivateAggregation,
+    clip_rows,
+    clip_update,
+    gaussian_noise,
+    privatize,
+)
+from shared.federated.task import (
+    FEDERATED_DISCRETIZATION,
+    BudgetExhaustedError,
+    TaskConfig,
+    TaskState,
+    calibrate,
+)
+
+ALPHA = 1e-6  # false-failure rate of each goodness-of-fit test below
+
+
+def blobs(n: int, features: int, classes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Gaussian blobs around well-separated class centres."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(0, 3, size=(classes, features))
+    y = rng.integers(0, classes, n)
+    return centres[y] + rng.normal(0, 1, size=(n, features)), y
+
+
+# --- models -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "model",
+    [LogisticRegression(5, 3, l2=0.1), MLP(5, 3, hidden=4, l2=0.05)],
+    ids=["logistic", "mlp"],
+)
+def test_gradient_matches_finite_differences(model: LogisticRegression | MLP) -> None:
+    x, y = blobs(20, 5, 3, seed=1)
+    rng = np.random.default_rng(2)
+    params = rng.normal(0, 0.5, model.num_params)
+    _, grad = model.loss_and_grad(params, x, y)
+    h = 1e-6
+    numeric = np.array(
+        [
+            (
+                model.loss_and_grad(params + h * e, x, y)[0]
+                - model.loss_and_grad(params - h * e, x, y)[0]
+            )
+            / (2 * h)
+            for e in np.eye(model.num_params)
+        ]
+    )
+    np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("kind", ["logistic", "mlp"])
+def test_local_training_learns_separable_blobs(kind: str) -> None:
+    x, y = blobs(400, 4, 3, seed=3)
+    model = make_model(ModelSpec(kind=kind, num_features=4, num_classes=3, hidden=8))
+    rng = np.random.default_rng(4)
+    start = model.init_params(rng)
+    trained = local_train(
+        model, start, x, y, LocalTraining(epochs=20, batch_size=16, learning_rate=0.1), rng
+    )
+    assert accuracy(model, trained, x, y) > 0.95
+    assert model.loss_and_grad(trained, x, y)[0] < model.loss_and_grad(start, x, y)[0]
+
+
+def test_local_train_leaves_its_input_alone() -> None:
+    x, y = blobs(10, 3, 2, seed=5)
+    model = LogisticRegression(3, 2)
+    params = np.zeros(model.num_params)
+    local_train(model, params, x, y, LocalTraining(), np.random.default_rng(0))
+    assert not params.any()
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: LogisticRegression(0, 3), "num_features"),
+        (lambda: LogisticRegression(3, 1), "num_classes"),
+        (lambda: MLP(3, 3, hidden=0), "hidden"),
+        (lambda: LogisticRegression(3, 3, l2=-1.0), "l2"),
+        (lambda: LocalTraining(epochs=0), "epochs"),
+        (lambda: LocalTraining(learning_rate=float("nan")), "learning_rate"),
+        (lambda: FedAvg(server_momentum=1.0), "server_momentum"),
+    ],
+)
+def test_invalid_parameters_are_named(make: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make()  # type: ignore[operator]
+
+
+def test_bad_batches_are_refused() -> None:
+    model = LogisticRegression(3, 2)
+    params = np.zeros(model.num_params)
+    with pytest.raises(ValueError, match="shape"):
+        model.loss_and_grad(params, np.zeros((2, 4)), np.zeros(2, dtype=int))
+    with pytest.raises(ValueError, match="labels"):
+        model.loss_and_grad(params, np.zeros((2, 3)), np.array([0, 2]))
+    with pytest.raises(ValueError, match="length"):
+        model.loss_and_grad(np.zeros(3), np.zeros((2, 3)), np.zeros(2, dtype=int))
+
+
+# --- FedAvg ---------------------------------------------------------------------------
+
+
+def test_fedavg_of_one_full_batch_step_is_the_centralized_step() -> None:
+    """One local step of full-batch GD per client, averaged with example weights, is
+    exactly one centralized GD step on the pooled data (the mean gradient is the
+    example-weighted mean of the clients' mean gradients)."""
+    x, y = blobs(300, 6, 4, seed=6)
+    model = LogisticRegression(6, 4)
+    owners = np.random.default_rng(7).integers(0, 9, len(x))
+    lr = 0.3
+    fedavg, central = ServerState.start(np.zeros(model.num_params)), np.zeros(model.num_params)
+    strategy = FedAvg()
+    for _ in range(5):
+        updates, weights = [], []
+        for owner in range(9):
+            mine = owners == owner
+            training = LocalTraining(epochs=1, batch_size=int(mine.sum()), learning_rate=lr)
+            rng = np.random.default_rng(0)
+            updates.append(client_update(model, fedavg.params, x[mine], y[mine], training, rng))
+            weights.append(mine.sum())
+        fedavg = strategy.apply(fedavg, strategy.aggregate(np.array(updates), np.array(weights)))
+        central = central - lr * model.loss_and_grad(central, x, y)[1]
+    np.testing.assert_allclose(fedavg.params, central, rtol=1e-10, atol=1e-12)
+
+
+def test_server_momentum_accumulates() -> None:
+    strategy = FedAvg(server_learning_rate=0.5, server_momentum=0.9)
+    state = ServerState.start(np.zeros(2))
+    step = np.array([1.0, -2.0])
+    state = strategy.apply(state, step)
+    state = strategy.apply(state, step)
+    np.testing.assert_allclose(state.velocity, 1.9 * step)
+    np.testing.assert_allclose(state.params, 0.5 * (1.0 + 1.9) * step)
+
+
+# --- clipping and noise -------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.lists(
+        st.lists(st.floats(-1e6, 1e6, allow_subnormal=False), min_size=3, max_size=3),
+        min_size=1,
+        max_size=8,
+    ),
+    clip=st.floats(1e-3, 1e3),
+)
+def test_clipping_bounds_every_norm(rows: list[list[float]], clip: float) -> None:
+    updates = np.array(rows)
+    clipped, unclipped = clip_rows(updates, clip)
+    norms = np.linalg.norm(clipped, axis=1)
+    assert np.all(norms <= clip * (1 + 1e-12))
+    np.testing.assert_array_equal(clipped[unclipped], updates[unclipped])
+    # A clipped row keeps its direction.
+    big = ~unclipped
+    np.testing.assert_allclose(
+        clipped[big] * np.linalg.norm(updates[big], axis=1)[:, None] / clip,
+        updates[big],
+        rtol=1e-9,
+        atol=1e-12,
+    )
+
+
+def test_clip_update_reports_whether_it_clipped() -> None:
+    assert clip_update(np.array([3.0, 4.0]), 5.0)[1]
+    clipped, unclipped = clip_update(np.array([3.0, 4.0]), 1.0)
+    assert not unclipped
+    np.testing.assert_allclose(clipped, [0.6, 0.8])
+
+
+@pytest.mark.parametrize("rng", [None, np.random.default_rng(8)], ids=["csprng", "seeded"])
+def test_gaussian_noise_goodness_of_fit(rng: np.random.Generator | None) -> None:
+    draws = gaussian_noise(20_001, 2.5, rng)
+    assert draws.shape == (20_001,)
+    assert stats.kstest(draws / 2.5, "norm").pvalue > ALPHA
+    # Odd and even halves (cosine and sine branches) are both standard normal.
+    assert stats.kstest(draws[1::2] / 2.5, "norm").pvalue > ALPHA
+
+
+def test_gaussian_noise_refuses_bad_std() -> None:
+    with pytest.raises(ValueError, match="std"):
+        gaussian_noise(3, -1.0)
+    assert not gaussian_noise(4, 0.0).any()
+
+
+def _variance_interval(n: int, variance: float) -> tuple[float, float]:
+    """Acceptance interval for a sample variance of n normal draws (chi-square, two-sided)."""
+    low, high = stats.chi2.ppf([ALPHA / 2, 1 - ALPHA / 2], n - 1)
+    return variance * low / (n - 1), variance * high / (n - 1)
+
+
+@pytest.mark.parametrize("mode", ["local", "distributed"])
+def test_client_noise_has_the_calibrated_std(mode: str) -> None:
+    config = DPConfig(mode, clip_norm=2.0, noise_multiplier=1.3, expected_clients=25)  # type: ignore[arg-type]
+    update = np.full(5_000, 0.01)
+    contribution = privatize(update, config, 2.0, np.random.default_rng(9))
+    noise = contribution.update - update  # the update is within the clip norm
+    std = 1.3 * 2.0 if mode == "local" else 1.3 * 2.0 / 5.0
+    assert abs(noise.mean()) < 5.33 * std / math.sqrt(noise.size)  # two-sided 1e-7
+    low, high = _variance_interval(noise.size, std**2)
+    assert low < noise.var(ddof=1) < high
+
+
+def test_central_noise_is_added_once_with_a_fixed_denominator() -> None:
+    """Sum of clipped updates / (q W) plus N(0, (z C / (q W))^2) per coordinate."""
+    config = DPConfig(
+        "central", clip_norm=1.0, noise_multiplier=0.8, expected_clients=40, sample_rate=0.4
+    )
+    aggregation = PrivateAggregation(FedAvg(), config)
+    updates = np.zeros((30, 4_000))
+    updates[:, 0] = 3.0  # clipped to 1.0 by the server
+    outcome = aggregation.aggregate(
+        updates, np.zeros(30), np.ones(30), 1.0, np.random.default_rng(10)
+    )
+    std = 0.8 * 1.0 / 40
+    noise = outcome.mean_update[1:]
+    low, high = _variance_interval(noise.size, std**2)
+    assert low < noise.var(ddof=1) < high
+    assert abs(outcome.mean_update[0] - 30 / 40) < 6 * std  # 30 clipped ones over q W = 40
+
+
+def test_private_uploads_never_exceed_the_norm_bound() -> None:
+    config = DPConfig("local", clip_norm=0.7, noise_multiplier=2.0, expected_clients=10)
+    rng = np.random.default_rng(11)
+    bound = config.max_upload_norm(0.7, 650)
+    norms = [
+        np.linalg.norm(privatize(rng.normal(0, 5, 650), config, 0.7, rng).update)
+        for _ in range(200)
+    ]
+    assert max(norms) <= bound
+    assert DPConfig("central", 0.7, 2.0, 10).max_upload_norm(0.7, 650) == 0.7
+
+
+# --- adaptive clipping ---------------------------------------------------------------
+
+
+def test_adaptive_noise_split_is_as_private_as_z() -> None:
+    """(z_Delta^-2 + (2 sigma_b)^-2)^(-1/2) = z: the pair of releases composes to z."""
+    config = DPConfig(
+        "central", 1.0, 1.1, expected_clients=100, sample_rate=0.1, adaptive=AdaptiveClipping(5.0)
+    )
+    z_delta = config.update_noise_multiplier
+    assert z_delta > 1.1
+    assert math.isclose((z_delta**-2 + (2 * 5.0) ** -2) ** -0.5, 1.1, rel_tol=1e-12)
+    with pytest.raises(ValueError, match="count_noise"):
+        DPConfig("central", 1.0, 11.0, 100, 0.1, adaptive=AdaptiveClipping(5.0))
+    with pytest.raises(ValueError, match="central and distributed"):
+        DPConfig("local", 1.0, 1.0, 100, 0.1, adaptive=AdaptiveClipping(5.0))
+
+
+def test_adaptive_clip_norm_tracks_the_target_quantile() -> None:
+    """Noise-free, C moves geometrically until half of the norms are below it."""
+    rng = np.random.default_rng(12)
+    norms = rng.lognormal(0.0, 0.5, 400)  # median 1.0
+    adaptive = AdaptiveClipping(count_noise=1.0, target_quantile=0.5, learning_rate=0.2)
+    config = DPConfig("central", 0.05, 0.0, expected_clients=400, adaptive=adaptive)
+    aggregation = PrivateAggregation(FedAvg(), config)
+    clip = 0.05
+    updates = norms[:, None] * np.eye(400)[:, :1]
+    for _ in range(150):
+        bits = (norms <= clip).astype(float)
+        clip = aggregation.aggregate(updates, bits, np.ones(400), clip).clip_norm
+    assert abs(np.mean(norms <= clip) - 0.5) < 0.03
+
+
+def test_adaptive_counts_unclipped_updates() -> None:
+    adaptive = AdaptiveClipping(1.0, target_quantile=0.5, learning_rate=0.2)
+    assert adaptive.next_clip_norm(1.0, 1.0) < 1.0  # all unclipped: shrink
+    assert adaptive.next_clip_norm(1.0, 0.0) > 1.0  # all clipped: grow
+
+
+# --- accounting -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["rdp", "pld"])
+def test_rounds_accountant_matches_dp_accounting_directly(method: str) -> None:
+    import dp_accounting
+    from dp_accounting import pld, rdp
+
+    rounds = {1.1: 300, 0.9: 200, 1.7: 50}
+    accountant = (
+        rdp.RdpAccountant()
+        if method == "rdp"
+        else pld.PLDAccountant(value_discretization_interval=1e-4)
+    )
+    for z, count in rounds.items():
+        event = dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(z))
+        accountant.compose(dp_accounting.SelfComposedDpEvent(event, count))
+    expected = accountant.get_epsilon(1e-5)
+    ours = gaussian_rounds_epsilon(rounds, 0.01, 1e-5, method)  # type: ignore[arg-type]
+    assert math.isclose(ours, expected, rel_tol=1e-9)
+    running = GaussianRoundsAccountant(0.01, 1e-5, method)  # type: ignore[arg-type]
+    for z, count in rounds.items():
+        for _ in range(count):
+            running.record(z)
+    assert math.isclose(running.epsilon(), expected, rel_tol=1e-9)
+
+
+def test_rounds_accountant_reference_figure() -> None:
+    """REFERENCES.md: q = 0.01, z = 1.1, T = 1000, delta = 1e-5: 1.712 (RDP)."""
+    running = GaussianRoundsAccountant(0.01, 1e-5, "rdp", {1.1: 999})
+    assert round(running.epsilon_after(1.1), 3) == 1.712
+    assert GaussianRoundsAccountant(0.01, 1e-5).epsilon() == 0.0
+
+
+def test_local_mode_calibration_is_per_upload_at_half_the_multiplier() -> None:
+    config = TaskConfig(
+        model=ModelSpec(kind="logistic", num_features=2, num_classes=2),
+        mode="local",
+        rounds=10,
+        population=50,
+        clients_per_round=50,
+        target_epsilon=8.0,
+    )
+    z = calibrate(config)
+    expected = calibrate_noise_multiplier(
+        8.0, 1.0, 10, 1e-5, value_discretization_interval=FEDERATED_DISCRETIZATION
+    )
+    assert math.isclose(z, 2 * expected)
+    # Each upload on its own: the Gaussian mechanism at z / 2 (sensitivity 2 C).
+    single = gaussian_epsilon(
+        z / 2, 1.0, 1, 1e-5, value_discretization_interval=FEDERATED_DISCRETIZATION
+    )
+    assert single < 8.0
+
+
+# --- tasks ------------------------------------------------------------------------------
+
+
+def _task(**overrides: object) -> TaskConfig:
+    values: dict[str, object] = {
+        "model": ModelSpec(kind="logistic", num_features=4, num_classes=3),
+        "mode": "central",
+        "rounds": 20,
+        "population": 200,
+        "clients_per_round": 20,
+        "target_epsilon": 2.0,
+        "clip_norm": 1.0,
+    }
+    values.update(overrides)
+    return TaskConfig.model_validate(values)
+
+
+def _round(state: TaskState, m: int, rng: np.random.Generator) -> None:
+    updates = rng.normal(0, 1, (m, state.num_params))
+    state.close_round(updates, np.ones(m), np.ones(m), rng)
+
+
+def test_task_spends_its_target_and_refuses_one_round_more() -> None:
+    state = TaskState.start(_task())
+    rng = np.random.default_rng(13)
+    for _ in range(20):
+        _round(state, 20, rng)
+    assert state.epsilon() <= 2.0 + 1e-9
+    assert state.epsilon() > 1.9  # calibrated: the target is nearly used up
+    assert state.history[-1].epsilon == state.epsilon()
+    with pytest.raises(BudgetExhaustedError, match="planned rounds"):
+        state.check_round()
+
+
+def test_task_refuses_a_round_past_a_given_budget() -> None:
+    """With a target epsilon and an explicit, too small noise, the accountant stops the task."""
+    state = TaskState.start(_task(rounds=1000), noise_multiplier=0.6)
+    rng = np.random.default_rng(14)
+    with pytest.raises(BudgetExhaustedError, match="budget"):
+        for _ in range(1000):
+            _round(state, 20, rng)
+    assert state.epsilon() <= 2.0 + 1e-9
+    assert state.round < 1000
+
+
+def test_distributed_calibration_covers_rounds_with_fewest_clients() -> None:
+    config = _task(mode="distributed", min_clients=10)
+    state = TaskState.start(config)
+    central = TaskState.start(_task()).noise_multiplier
+    assert math.isclose(state.noise_multiplier, central * math.sqrt(2.0))
+    rng = np.random.default_rng(15)
+    for _ in range(20):
+        _round(state, 10, rng)  # every round at the fewest clients allowed
+    assert state.epsilon() <= 2.0 + 1e-9
+
+
+def test_task_state_round_trips_through_json() -> None:
+    state = TaskState.start(_task(adaptive_clipping={"target_quantile": 0.6}))
+    rng = np.random.default_rng(16)
+    for _ in range(3):
+        _round(state, 20, rng)
+    restored = TaskState.from_json(state.to_json())
+    np.testing.assert_array_equal(restored.server.params, state.server.params)
+    np.testing.assert_array_equal(restored.server.velocity, state.server.velocity)
+    assert restored.clip_norm == state.clip_norm != 1.0
+    assert restored.epsilon() == state.epsilon()
+    assert restored.history == state.history
+
+
+def test_non_private_task_reports_infinite_epsilon() -> None:
+    state = TaskState.start(_task(mode="none", target_epsilon=None))
+    _round(state, 5, np.random.default_rng(17))
+    assert state.epsilon() == math.inf
+    assert not state.dp.private
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"clients_per_round": 300}, "exceeds population"),
+        ({"target_epsilon": None}, "noise_multiplier or a target_epsilon"),
+        ({"noise_multiplier": 1.0}, "not both"),
+        ({"mode": "none"}, "adds no noise"),
+        ({"mode": "local", "adaptive_clipping": {}}, "adaptive"),
+        ({"min_clients": 5, "max_clients": 4}, "max_clients"),
+        ({"rounds": 0}, "rounds"),
+    ],
+)
+def test_task_config_errors_name_the_problem(overrides: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _task(**overrides)
