@@ -55,6 +55,9 @@ __all__ = [
 #: ten times faster than the 1e-4 default and within about 1% of it at these epsilons.
 FEDERATED_DISCRETIZATION = 1e-3
 
+#: Ratio of the grid the distributed mode's per-round multipliers are rounded down to.
+ACCOUNTING_GRID = 1.01
+
 
 class LocalTrainingSpec(BaseModel):
     """Local SGD on each device (see :class:`shared.federated.models.LocalTraining`)."""
@@ -297,6 +300,24 @@ class TaskState:
                 f"{self.budget:.4g} (delta={self.config.delta:g})"
             )
 
+    def _charged_multiplier(self, participants: int) -> float:
+        """The multiplier a round with ``participants`` contributions is charged at.
+
+        Only the distributed mode's depends on the participants: ``z sqrt(m / (q W))``.
+        It is rounded *down* (less noise, more epsilon: conservative) to the grid
+        ``z_min 1.01^k`` above the multiplier of the fewest clients a round may close
+        with, so that a task's rounds fall on a few distinct values and the accountant
+        stays fast, while a round at ``min_clients`` is charged exactly as planned.
+        """
+        exact = self.dp.accounting_noise_multiplier(participants)
+        if self.config.mode != "distributed":
+            return exact
+        floor = self.dp.accounting_noise_multiplier(self.config.min_clients)
+        if exact <= floor:
+            return exact
+        steps = math.floor(math.log(exact / floor) / math.log(ACCOUNTING_GRID))
+        return floor * ACCOUNTING_GRID**steps
+
     def close_round(
         self,
         updates: np.ndarray,
@@ -319,7 +340,7 @@ class TaskState:
         self.server = self.strategy.apply(self.server, outcome.mean_update)
         if self.dp.private:
             accountant = self._accountant()
-            accountant.record(self.dp.accounting_noise_multiplier(m))
+            accountant.record(self._charged_multiplier(m))
             assert accountant.rounds is not None
             self.accountant_rounds = accountant.rounds
         self.round += 1

@@ -452,3 +452,21 @@ def test_non_private_task_reports_infinite_epsilon() -> None:
 def test_task_config_errors_name_the_problem(overrides: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         _task(**overrides)
+
+
+def test_distributed_rounds_are_charged_on_a_conservative_grid() -> None:
+    config = _task(mode="distributed", population=2000, clients_per_round=200, min_clients=150)
+    state = TaskState.start(config)
+    rng = np.random.default_rng(18)
+    sizes = rng.integers(150, 260, 15)
+    for m in sizes:
+        _round(state, int(m), rng)
+    charged = state.accountant_rounds
+    assert len(charged) < len(set(sizes.tolist()))  # nearby sizes share a grid point
+    exact = gaussian_rounds_epsilon(
+        {state.dp.accounting_noise_multiplier(int(m)): 1 for m in sizes},
+        state.config.sample_rate,
+        1e-5,
+        value_discretization_interval=FEDERATED_DISCRETIZATION,
+    )
+    assert exact <= state.epsilon() <= exact * 1.05  # never below the exact charge
