@@ -110,7 +110,8 @@ def clip_rows(updates: np.ndarray, clip_norm: float) -> tuple[np.ndarray, np.nda
     rows = np.asarray(updates, dtype=np.float64)
     norms = np.linalg.norm(rows, axis=1)
     unclipped = norms <= clip_norm
-    scale = np.where(unclipped, 1.0, clip_norm / np.maximum(norms, np.finfo(float).tiny))
+    scale = np.ones_like(norms)
+    np.divide(clip_norm, norms, out=scale, where=~unclipped)
     return rows * scale[:, None], unclipped
 
 
