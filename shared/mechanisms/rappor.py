@@ -81,8 +81,6 @@ unexplained mass, and the smallest detectable frequency.
 from __future__ import annotations
 
 import base64
-import hashlib
-import hmac
 import math
 import os
 from collections.abc import Sequence
@@ -93,6 +91,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from shared.estimates import Estimate, PostprocessedFrequencies
+from shared.hashing import keyed_stream, rappor_bloom_digests
 from shared.mechanisms.base import (
     Mechanism,
     as_index_array,
@@ -366,9 +365,8 @@ class Rappor(Mechanism[CountStatistics, Estimate]):
         """
         secret = _check_secret(secret, 0)
         m = self.num_cohorts
-        key = hmac.digest(secret, _COHORT_LABEL + m.to_bytes(4, "big"), "sha256")
         limit = (1 << 64) - (1 << 64) % m
-        stream = hashlib.shake_256(key).digest(8 * 64)
+        stream = keyed_stream(secret, _COHORT_LABEL + m.to_bytes(4, "big"), 8 * 64)
         for start in range(0, len(stream), 8):  # P(64 rejections) < 2^-64
             word = int.from_bytes(stream[start : start + 8], "little")
             if word < limit:
@@ -455,8 +453,7 @@ class Rappor(Mechanism[CountStatistics, Estimate]):
             slot = cache.get(key)
             if slot is None:
                 slot = cache[key] = len(streams)
-                seed = hmac.digest(secret, messages[bloom], "sha256")
-                streams.append(hashlib.shake_256(seed).digest(stream_bytes))
+                streams.append(keyed_stream(secret, messages[bloom], stream_bytes))
             slots[i] = slot
         words = np.frombuffer(b"".join(streams), dtype="<u8").reshape(len(streams), k)
         flips = pack_little((words >> np.uint64(11)) < threshold53(self.f / 2))
@@ -477,11 +474,8 @@ class Rappor(Mechanism[CountStatistics, Estimate]):
             return np.zeros((0, h), dtype=np.int64)
         pairs, pair_of = np.unique(codes * self.num_cohorts + cohorts, return_inverse=True)
         encoded = [text.encode("utf-8") for text in distinct]
-        digests = b"".join(
-            hashlib.md5(
-                int(pair % self.num_cohorts).to_bytes(4, "big") + encoded[pair // self.num_cohorts]
-            ).digest()
-            for pair in pairs.tolist()
+        digests = rappor_bloom_digests(
+            (pair % self.num_cohorts, encoded[pair // self.num_cohorts]) for pair in pairs.tolist()
         )
         table = np.frombuffer(digests, dtype=np.uint8).reshape(pairs.size, 16)[:, :h]
         return (table.astype(np.int64) % k)[pair_of.reshape(-1)]
