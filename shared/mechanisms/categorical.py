@@ -46,6 +46,19 @@ def require_enumerable(outputs: int) -> None:
         )
 
 
+def check_true_counts(counts: object, domain_size: int, rng: object) -> np.ndarray:
+    """``counts`` as int64, or ValueError unless it is d non-negative integers; the
+    simulation fast path also insists on a seeded ``numpy.random.Generator``."""
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError("simulate_statistics needs a numpy.random.Generator (simulation only)")
+    array = np.asarray(counts)
+    if array.shape != (domain_size,) or not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"counts must be {domain_size} integers, one per category")
+    if np.any(array < 0):
+        raise ValueError("counts must be non-negative")
+    return array.astype(np.int64)
+
+
 class CategoricalMechanism(Mechanism[CountStatistics, Estimate]):
     """A frequency oracle over categories 0..d-1, defined by its p and q."""
 
@@ -77,6 +90,13 @@ class CategoricalMechanism(Mechanism[CountStatistics, Estimate]):
         Raises ValueError when the output space has more than
         ``MAX_ENUMERATED_OUTPUTS`` elements.
         """
+
+    @abstractmethod
+    def simulate_statistics(self, counts: np.ndarray, rng: np.random.Generator) -> CountStatistics:
+        """The statistics of ``counts[v]`` users of value ``v`` reporting once each, drawn
+        directly from their distribution (binomial and multinomial sums) in time that does
+        not grow with ``n = sum(counts)``: the simulation fast path. See the subclass for
+        how exact it is. Simulation only: it takes a seeded numpy Generator."""
 
     def estimate(self, stats: CountStatistics) -> Estimate:
         """Unbiased frequencies ``(C_v / n - q) / (p - q)`` with their analytical std."""

@@ -20,8 +20,12 @@ import math
 import numpy as np
 
 from shared.mechanisms.base import IndexReports, as_index_array
-from shared.mechanisms.categorical import CategoricalMechanism, require_enumerable
-from shared.randomness import RandomSource, Rng, as_source
+from shared.mechanisms.categorical import (
+    CategoricalMechanism,
+    check_true_counts,
+    require_enumerable,
+)
+from shared.randomness import RandomSource, Rng, as_source, exact_probability
 from shared.statistics import CountStatistics
 
 
@@ -64,6 +68,17 @@ class GeneralizedRandomizedResponse(IndexReports, CategoricalMechanism):
 
     def support_counts(self, stats: CountStatistics) -> np.ndarray:
         return stats.counts
+
+    def simulate_statistics(self, counts: np.ndarray, rng: np.random.Generator) -> CountStatistics:
+        """Exact: in ``k_ary_response``'s two-step form, K_v ~ Bin(N_v, lam) users keep their
+        value (lam the keep probability as realized, 53 bits) and the other R = n - sum K_v
+        report uniformly over all d: c = K + Multinomial(R, 1/d). O(d) whatever n is."""
+        counts = check_true_counts(counts, self.domain_size, rng)
+        d = self.domain_size
+        keep = exact_probability((self.p * d - 1) / (d - 1))
+        kept = rng.binomial(counts, keep)
+        uniform = rng.multinomial(int(counts.sum() - kept.sum()), np.full(d, 1.0 / d))
+        return CountStatistics(int(counts.sum()), kept + uniform)
 
     def transition_matrix(self) -> np.ndarray:
         d = self.domain_size

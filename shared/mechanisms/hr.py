@@ -36,10 +36,17 @@ import math
 import numpy as np
 
 from shared.mechanisms.base import IndexReports, as_index_array
-from shared.mechanisms.categorical import CategoricalMechanism, require_enumerable
-from shared.randomness import Rng, as_source
+from shared.mechanisms.categorical import (
+    CategoricalMechanism,
+    check_true_counts,
+    require_enumerable,
+)
+from shared.randomness import Rng, as_source, exact_probability
 from shared.schemas import MechanismSpec
 from shared.statistics import CountStatistics
+
+#: Cells (values x outputs) of one block of ``simulate_statistics``'s multinomials.
+_SIMULATION_CELLS = 1 << 22
 
 
 def walsh_hadamard(vector: np.ndarray) -> np.ndarray:
@@ -92,6 +99,35 @@ class HadamardResponse(IndexReports, CategoricalMechanism):
     def aggregate(self, reports: np.ndarray) -> CountStatistics:
         reports = self.check_reports(reports)
         return CountStatistics(reports.size, np.bincount(reports, minlength=self.outputs))
+
+    def simulate_statistics(self, counts: np.ndarray, rng: np.random.Generator) -> CountStatistics:
+        """Exact: the report histogram drawn in the mixture form of the output law.
+
+        A report is uniform on S_v with probability lam = 2 p' - 1 (p' the realized
+        P(y in S_v)) and uniform on all K outputs otherwise: (1 + lam) / K = 2 p' / K on
+        S_v and (1 - lam) / K = 2 (1 - p') / K off it, as ``encode`` draws. So A_v ~
+        Bin(N_v, lam) users of value v land uniformly on S_v, the other n - sum A_v
+        uniformly on all K. Uniform on S_v is drawn as ``encode`` does: uniform on K,
+        then an output of the wrong parity moves to its partner ``y xor lowbit(v + 1)``.
+        O(d K) for the per-value multinomials (in blocks of values), whatever n is.
+        """
+        counts = check_true_counts(counts, self.domain_size, rng)
+        n, k = int(counts.sum()), self.outputs
+        lam = 2 * exact_probability(self.p) - 1
+        in_set = rng.binomial(counts, lam)
+        histogram = rng.multinomial(n - int(in_set.sum()), np.full(k, 1.0 / k))
+        outputs = np.arange(k)
+        block = max(1, _SIMULATION_CELLS // k)
+        for start in range(0, self.domain_size, block):  # blocks of values, not users
+            values = np.arange(start, min(start + block, self.domain_size))
+            drawn = rng.multinomial(in_set[values], np.full(k, 1.0 / k))  # (block, K)
+            rows = (values + 1)[:, None]
+            odd = (np.bitwise_count(rows & outputs[None, :]) & 1).astype(bool)
+            target = np.where(odd, outputs[None, :] ^ (rows & -rows), outputs[None, :])
+            histogram += np.bincount(target.reshape(-1), drawn.reshape(-1), minlength=k).astype(
+                np.int64
+            )
+        return CountStatistics(n, histogram)
 
     def support_counts(self, stats: CountStatistics) -> np.ndarray:
         transformed = walsh_hadamard(stats.counts)

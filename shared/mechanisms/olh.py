@@ -44,9 +44,13 @@ from typing import Any
 import numpy as np
 
 from shared.mechanisms.base import as_index_array, check_integer_field
-from shared.mechanisms.categorical import CategoricalMechanism, require_enumerable
+from shared.mechanisms.categorical import (
+    CategoricalMechanism,
+    check_true_counts,
+    require_enumerable,
+)
 from shared.mechanisms.grr import k_ary_response
-from shared.randomness import Rng, as_source
+from shared.randomness import Rng, as_source, exact_probability
 from shared.schemas import MechanismSpec
 from shared.statistics import CountStatistics
 
@@ -131,6 +135,24 @@ class OptimizedLocalHashing(CategoricalMechanism):
         else:
             support = self._support_by_progressions(reports)
         return CountStatistics(n, support)
+
+    def simulate_statistics(self, counts: np.ndarray, rng: np.random.Generator) -> CountStatistics:
+        """Each support count's distribution exactly, their joint approximately.
+
+        One user supports v with probability p' (its own value, p' the realized
+        P(y = H(v))) or q' = c p' + (1 - c)(1 - p') / (g - 1) (another value, c the
+        family's collision probability), independently of other users, so
+        C_v ~ Bin(N_v, p') + Bin(n - N_v, q') exactly. Across items the counts are drawn
+        independently, while in the mechanism two items' supports from one report are
+        slightly correlated (through the shared hash): per-item errors, variances and
+        intervals are exact, statistics over several items (e.g. top-k) approximate.
+        """
+        counts = check_true_counts(counts, self.domain_size, rng)
+        n, g = int(counts.sum()), self.buckets
+        keep = exact_probability((self.p * g - 1) / (g - 1))
+        p = keep + (1 - keep) / g
+        q = self.collision * p + (1 - self.collision) * (1 - keep) / g
+        return CountStatistics(n, rng.binomial(counts, p) + rng.binomial(n - counts, q))
 
     def _support_by_hash_table(self, reports: np.ndarray) -> np.ndarray:
         """Small domains: histogram the reports by (a, b, y), then test every hash once.

@@ -26,8 +26,12 @@ from typing import Any
 import numpy as np
 
 from shared.mechanisms.base import as_index_array, check_packed_rows, decode_bits_field
-from shared.mechanisms.categorical import CategoricalMechanism, require_enumerable
-from shared.randomness import Rng, as_source
+from shared.mechanisms.categorical import (
+    CategoricalMechanism,
+    check_true_counts,
+    require_enumerable,
+)
+from shared.randomness import Rng, as_source, exact_probability
 from shared.statistics import CountStatistics
 
 #: Bytes of packed rows summed at once by ``bit_sums`` (fits in cache; memory stays bounded).
@@ -117,6 +121,15 @@ class UnaryEncoding(CategoricalMechanism):
 
     def support_counts(self, stats: CountStatistics) -> np.ndarray:
         return stats.counts
+
+    def simulate_statistics(self, counts: np.ndarray, rng: np.random.Generator) -> CountStatistics:
+        """Exact: bits are independent given the value, so bit v's sum is
+        Bin(N_v, p) + Bin(n - N_v, q) at the realized (53-bit) p and q. O(d)."""
+        counts = check_true_counts(counts, self.domain_size, rng)
+        n = int(counts.sum())
+        p, q = exact_probability(self.p), exact_probability(self.q)
+        sums = rng.binomial(counts, p) + rng.binomial(n - counts, q)
+        return CountStatistics(n, sums)
 
     def transition_matrix(self) -> np.ndarray:
         d = self.domain_size

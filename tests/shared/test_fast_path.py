@@ -1,0 +1,127 @@
+"""The simulation fast path draws the same statistics as encoding every user.
+
+For every categorical mechanism, R populations of n users with fixed true counts are
+run both ways, through ``encode`` + ``aggregate`` (the exact path) and through
+``simulate_statistics`` (the fast path), and each path's statistics are compared with
+the theory: every coordinate's mean and variance, and the variance of the sum of two
+coordinates (which checks their covariance) where the fast path is exact jointly.
+
+Theory. Every coordinate is a sum of n independent Bernoulli indicators (one per user:
+"this report lands on output y" or "supports v"), with probability ``P[v, y]`` for a
+user of value v: the transition matrix for index reports (grr, hr), p or q for support
+counts (unary, olh). Mean ``sum N_v P``, variance ``sum N_v P (1 - P)``.
+
+Tolerances. A mean is within z sigma / sqrt(R) of the truth; a sample variance s^2 of
+R draws within z sqrt(Var[s^2]) with Var[s^2] = sigma^4 (2 / (R - 1) + kappa / R) and
+kappa the exact excess kurtosis of a Bernoulli sum (sum of the fourth cumulants
+P (1 - P)(1 - 6 P (1 - P)) over sigma^4). z = 5.5 (two-sided 3.8e-8 per comparison,
+normal approximation); about 600 comparisons, so the file fails falsely with
+probability below 3e-5.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+from shared.mechanisms import CategoricalMechanism, make_mechanism
+from shared.mechanisms.base import IndexReports
+from shared.schemas import MechanismSpec
+
+Z = 5.5
+REPS = 3000
+COUNTS = np.array([120, 60, 0, 30, 75, 15])  # n = 300 users over d = 6 values
+
+
+def _probabilities(mech: CategoricalMechanism) -> np.ndarray:
+    """P[v, j]: a user of value v lands on coordinate j of the statistics."""
+    if isinstance(mech, IndexReports):
+        return mech.transition_matrix()
+    d = mech.domain_size
+    return np.where(np.eye(d, dtype=bool), mech.p, mech.q)
+
+
+def _cumulants(probabilities: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Mean, variance and fourth cumulant of Bernoulli sums, per column."""
+    cell = probabilities * (1 - probabilities)
+    return weights @ probabilities, weights @ cell, weights @ (cell * (1 - 6 * cell))
+
+
+def _check(draws: np.ndarray, mean: np.ndarray, variance: np.ndarray, fourth: np.ndarray) -> None:
+    """Rows of ``draws`` against the given law of each column."""
+    reps = draws.shape[0]
+    got_mean = draws.mean(axis=0)
+    got_var = draws.var(axis=0, ddof=1)
+    live = variance > 0
+    assert np.all(np.abs(got_mean - mean) <= Z * np.sqrt(variance / reps) + 1e-9)
+    assert np.array_equal(got_var[~live], variance[~live])
+    kurtosis = fourth[live] / variance[live] ** 2
+    spread = variance[live] * np.sqrt(2 / (reps - 1) + kurtosis / reps)
+    assert np.all(np.abs(got_var[live] - variance[live]) <= Z * spread)
+
+
+MECHANISMS = [
+    ("grr", 1.0),
+    ("grr", 3.0),
+    ("sue", 1.0),
+    ("oue", 1.0),
+    ("oue", 4.0),
+    ("olh", 1.0),
+    ("olh", 2.0),
+    ("hr", 1.0),
+    ("hr", 2.0),
+]
+
+
+@pytest.mark.parametrize(("name", "epsilon"), MECHANISMS, ids=[f"{n}-{e:g}" for n, e in MECHANISMS])
+def test_exact_and_fast_paths_follow_the_same_law(name: str, epsilon: float) -> None:
+    mech = make_mechanism(MechanismSpec(mechanism=name, epsilon=epsilon, domain_size=COUNTS.size))
+    assert isinstance(mech, CategoricalMechanism)
+    rng = np.random.default_rng(zlib.crc32(f"{name}-{epsilon}".encode()))
+    values = np.repeat(np.arange(COUNTS.size), COUNTS)
+    exact = np.array([mech.aggregate(mech.encode(values, rng)).counts for _ in range(REPS)])
+    fast = np.array([mech.simulate_statistics(COUNTS, rng).counts for _ in range(REPS)])
+    assert all(mech.simulate_statistics(COUNTS, rng).n == COUNTS.sum() for _ in range(3))
+    probabilities = _probabilities(mech)
+    weights = COUNTS.astype(np.float64)
+    if isinstance(mech, IndexReports):  # one report lands on output 0 or 1: one Bernoulli
+        pair = _cumulants(probabilities[:, :2].sum(axis=1, keepdims=True), weights)
+    else:  # two independent bits per report: their cumulants add
+        pair = tuple(c[:2].sum(keepdims=True) for c in _cumulants(probabilities, weights))
+    for draws in (exact, fast):
+        _check(draws, *_cumulants(probabilities, weights))
+        if name != "olh":  # olh's fast path is exact per item only (see its docstring)
+            _check(draws[:, :2].sum(axis=1, keepdims=True), *pair)
+
+
+def test_fast_path_cost_does_not_grow_with_n() -> None:
+    """A billion users, d = 1024: the statistics are drawn, not the users."""
+    counts = np.full(1024, 1_000_000_000 // 1024)
+    rng = np.random.default_rng(7)
+    for name in ("grr", "oue", "sue", "olh", "hr"):
+        mech = make_mechanism(MechanismSpec(mechanism=name, epsilon=1.0, domain_size=1024))
+        assert isinstance(mech, CategoricalMechanism)
+        stats = mech.simulate_statistics(counts, rng)
+        estimate = mech.estimate(stats)
+        assert stats.n == counts.sum()
+        # Unbiased at this n to within 6 standard errors per item (false-failure ~1e-6).
+        assert np.all(np.abs(estimate.frequencies - 1 / 1024) < 6 * estimate.std)
+
+
+@pytest.mark.parametrize(
+    ("counts", "error"),
+    [
+        (np.array([1, 2, 3]), ValueError),
+        (np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]), ValueError),
+        (np.array([1, 2, -3, 4, 5, 6]), ValueError),
+    ],
+)
+def test_fast_path_refuses_bad_counts(counts: np.ndarray, error: type[Exception]) -> None:
+    mech = make_mechanism(MechanismSpec(mechanism="grr", epsilon=1.0, domain_size=6))
+    assert isinstance(mech, CategoricalMechanism)
+    with pytest.raises(error, match="counts"):
+        mech.simulate_statistics(counts, np.random.default_rng(0))
+    with pytest.raises(TypeError, match="Generator"):
+        mech.simulate_statistics(COUNTS, None)  # type: ignore[arg-type]
