@@ -20,8 +20,14 @@ import math
 import numpy as np
 
 from shared.mechanisms.base import IndexReports
-from shared.mechanisms.numeric import NumericMechanism
-from shared.randomness import Rng, as_source
+from shared.mechanisms.numeric import NumericMechanism, bernoulli_central_moments, check_levels
+from shared.randomness import Rng, as_source, threshold53
+from shared.statistics import MomentStatistics
+
+
+def exact_probabilities(p: np.ndarray) -> np.ndarray:
+    """The probabilities ``bernoulli`` realizes: floor(p 2^53) / 2^53."""
+    return threshold53(p).astype(np.float64) / 2.0**53
 
 
 class DuchiMean(IndexReports, NumericMechanism):
@@ -58,6 +64,25 @@ class DuchiMean(IndexReports, NumericMechanism):
 
     def worst_case_inputs(self) -> np.ndarray:
         return np.array([(self.lower + self.upper) / 2])
+
+    def report_central_moments(self, values: np.ndarray) -> np.ndarray:
+        """The debiased report is a two-point law: ``2 C h`` times a Bernoulli, shifted."""
+        return bernoulli_central_moments(
+            self.plus_probability(values), 2 * self.scale * self.half_range
+        )
+
+    def simulate_statistics(
+        self, levels: np.ndarray, counts: np.ndarray, rng: np.random.Generator
+    ) -> MomentStatistics:
+        """Exact: K ~ sum_j Bin(N_j, P(+1 | x_j)) reports are +1, the rest -1, so
+        T = K y+ + (n - K) y- and Q = K y+^2 + (n - K) y-^2 (y+- the debiased signs)."""
+        levels, counts = check_levels(levels, counts, rng)
+        n = int(counts.sum())
+        plus = int(rng.binomial(counts, exact_probabilities(self.plus_probability(levels))).sum())
+        high, low = self.to_original(np.array([self.scale, -self.scale]))
+        return MomentStatistics(
+            n, float(plus * high + (n - plus) * low), float(plus * high**2 + (n - plus) * low**2)
+        )
 
     def transition_matrix(self, values: np.ndarray) -> np.ndarray:
         """P[sign | x] with columns (-1, +1)."""

@@ -33,10 +33,12 @@ value: lower + w m.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from shared.mechanisms.base import IndexReports
-from shared.mechanisms.numeric import NumericMechanism
+from shared.mechanisms.numeric import NumericMechanism, bernoulli_central_moments
 from shared.randomness import (
     Rng,
     as_source,
@@ -108,6 +110,24 @@ class DiscreteLaplace(IndexReports, NumericMechanism):
 
     def worst_case_inputs(self) -> np.ndarray:
         return np.array([self.lower + self.step / 2])
+
+    def report_central_moments(self, values: np.ndarray) -> np.ndarray:
+        """Rounding (w times a Bernoulli(phi)) plus independent noise w Z: cumulants add.
+
+        Z, the discrete Laplace with a = e^-g, has k2 = 2a / (1 - a)^2, k3 = 0 and
+        E[Z^4] = 2a (1 + 10a + a^2) / (1 - a)^4, so k4 = E[Z^4] - 3 k2^2.
+        """
+        position = self.grid_position(values)
+        phi = position - np.floor(position)
+        rounding = bernoulli_central_moments(phi, self.step)
+        a = math.exp(-self.noise_s / self.noise_t)
+        k2 = 2 * a / (1 - a) ** 2
+        k4 = 2 * a * (1 + 10 * a + a * a) / (1 - a) ** 4 - 3 * k2 * k2
+        r2, r3 = rounding[:, 0], rounding[:, 1]
+        r4_cumulant = rounding[:, 2] - 3 * r2 * r2
+        m2 = r2 + k2 * self.step**2
+        m4 = r4_cumulant + k4 * self.step**4 + 3 * m2 * m2
+        return np.stack([m2, r3, m4], axis=1)
 
     def transition_matrix(self, values: np.ndarray) -> np.ndarray:
         """P[m | x] for m = -1..K+1, beyond which every likelihood ratio is that at -1 or K+1."""

@@ -34,6 +34,34 @@ from shared.schemas import MechanismSpec
 from shared.statistics import MomentStatistics
 
 
+def check_levels(levels: object, counts: object, rng: object) -> tuple[np.ndarray, np.ndarray]:
+    """``(levels, counts)`` as arrays, or ValueError unless they are equally many finite
+    values and non-negative integers; the fast path also insists on a seeded Generator."""
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError("simulate_statistics needs a numpy.random.Generator (simulation only)")
+    level_array = np.asarray(levels, dtype=np.float64)
+    count_array = np.asarray(counts)
+    if level_array.ndim != 1 or count_array.shape != level_array.shape:
+        raise ValueError("levels and counts must be one-dimensional and of the same length")
+    if not np.all(np.isfinite(level_array)):
+        raise ValueError("levels must be finite numbers")
+    if not np.issubdtype(count_array.dtype, np.integer) or np.any(count_array < 0):
+        raise ValueError("counts must be non-negative integers")
+    return level_array, count_array.astype(np.int64)
+
+
+def bernoulli_central_moments(p: np.ndarray, scale: np.ndarray | float) -> np.ndarray:
+    """Central moments 2..4 of ``scale * B``, B ~ Bernoulli(p), as (len(p), 3).
+
+    From the cumulants k2 = p(1-p), k3 = k2 (1 - 2p), k4 = k2 (1 - 6 k2): m2 = k2,
+    m3 = k3, m4 = k4 + 3 k2^2, each times scale^j.
+    """
+    k2 = p * (1 - p)
+    k3 = k2 * (1 - 2 * p)
+    k4 = k2 * (1 - 6 * k2)
+    return np.stack([k2 * scale**2, k3 * scale**3, (k4 + 3 * k2 * k2) * scale**4], axis=1)
+
+
 class NumericMechanism(Mechanism[MomentStatistics, MeanEstimate]):
     """An eps-LDP mechanism for the mean of values clipped to [lower, upper]."""
 
@@ -72,6 +100,45 @@ class NumericMechanism(Mechanism[MomentStatistics, MeanEstimate]):
     @abstractmethod
     def worst_case_inputs(self) -> np.ndarray:
         """Inputs at which ``report_variance`` is largest (for ``variance``)."""
+
+    @abstractmethod
+    def report_central_moments(self, values: np.ndarray) -> np.ndarray:
+        """(len(values), 3): the 2nd, 3rd and 4th central moments of the debiased report
+        given each input, in original units (the 2nd is ``report_variance``)."""
+
+    def simulate_statistics(
+        self, levels: np.ndarray, counts: np.ndarray, rng: np.random.Generator
+    ) -> MomentStatistics:
+        """The statistics of ``counts[j]`` users of value ``levels[j]``, drawn in O(levels).
+
+        The sums T = sum y_i and Q = sum y_i^2 of independent reports are drawn from the
+        bivariate normal with their exact means and covariance (central limit theorem):
+        per user, with mean mu = clip(x) and central moments m2, m3, m4 of y,
+        E[y^2] = mu^2 + m2, Var[y^2] = 4 mu^2 m2 + 4 mu m3 + m4 - m2^2 and
+        Cov[y, y^2] = 2 mu m2 + m3, summed over users. So the fast path matches the
+        exact path's mean and variance of (T, Q) exactly, its law to first order
+        (mechanisms with two-point reports override this with the exact law).
+        Simulation only: it takes a seeded numpy Generator.
+        """
+        levels, counts = check_levels(levels, counts, rng)
+        n = int(counts.sum())
+        if n == 0:
+            return MomentStatistics.empty()
+        mu = self.to_original(self.normalize(levels))
+        m2, m3, m4 = self.report_central_moments(levels).T
+        weights = counts.astype(np.float64)
+        mean = np.array([weights @ mu, weights @ (mu * mu + m2)])
+        var_t = weights @ m2
+        var_q = weights @ (4 * mu * mu * m2 + 4 * mu * m3 + m4 - m2 * m2)
+        cov = weights @ (2 * mu * m2 + m3)
+        # Cholesky of [[var_t, cov], [cov, var_q]], guarded against rounding below zero.
+        a = math.sqrt(max(var_t, 0.0))
+        b = cov / a if a > 0 else 0.0
+        c = math.sqrt(max(var_q - b * b, 0.0))
+        u, v = rng.standard_normal(2)
+        total = mean[0] + a * u
+        squares = max(mean[1] + b * u + c * v, total * total / n)  # Cauchy-Schwarz
+        return MomentStatistics(n, float(total), float(squares))
 
     def empty_statistics(self) -> MomentStatistics:
         return MomentStatistics.empty()

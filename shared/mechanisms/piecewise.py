@@ -91,6 +91,25 @@ class PiecewiseMechanism(NumericMechanism):
     def worst_case_inputs(self) -> np.ndarray:
         return np.array([self.lower, self.upper])
 
+    def report_central_moments(self, values: np.ndarray) -> np.ndarray:
+        """Integrals of (y - t)^j against the piecewise-constant density (normalized
+        units, times h^j): D_h on [l(t), r(t)], D_h / e^eps on the rest of [-C, C],
+        with the integral of (y - t)^j over [a, b] = ((b - t)^(j+1) - (a - t)^(j+1)) / (j+1)."""
+        t = self.normalize(values)
+        left, right = self.centre(t)
+        c = self.bound
+        high = (math.exp(self.epsilon) - self.z) / (2 * self.z + 2)
+        low = high / math.exp(self.epsilon)
+
+        def integral(a: np.ndarray | float, b: np.ndarray | float, j: int) -> np.ndarray:
+            return ((b - t) ** (j + 1) - (a - t) ** (j + 1)) / (j + 1)
+
+        moments = [
+            high * integral(left, right, j) + low * (integral(-c, left, j) + integral(right, c, j))
+            for j in (2, 3, 4)
+        ]
+        return np.stack(moments, axis=1) * self.half_range ** np.array([2, 3, 4])
+
     def density(self, values: np.ndarray, outputs: np.ndarray) -> np.ndarray:
         """pdf(y | x) as a (len(values), len(outputs)) matrix."""
         left, right = self.centre(self.normalize(values))

@@ -11,6 +11,10 @@ Theory. Every coordinate is a sum of n independent Bernoulli indicators (one per
 user of value v: the transition matrix for index reports (grr, hr), p or q for support
 counts (unary, olh). Mean ``sum N_v P``, variance ``sum N_v P (1 - P)``.
 
+Numeric mechanisms: the fast path draws (sum, sum of squares) from the normal law
+with their exact means and covariance; its moment formulas are checked against encoded
+reports, and both paths' means and variances against the theory.
+
 Tolerances. A mean is within z sigma / sqrt(R) of the truth; a sample variance s^2 of
 R draws within z sqrt(Var[s^2]) with Var[s^2] = sigma^4 (2 / (R - 1) + kappa / R) and
 kappa the exact excess kurtosis of a Bernoulli sum (sum of the fourth cumulants
@@ -21,14 +25,16 @@ probability below 3e-5.
 
 from __future__ import annotations
 
+import math
 import zlib
 
 import numpy as np
 import pytest
 
-from shared.mechanisms import CategoricalMechanism, make_mechanism
+from shared.mechanisms import CategoricalMechanism, NumericMechanism, make_mechanism
 from shared.mechanisms.base import IndexReports
 from shared.schemas import MechanismSpec
+from shared.statistics import MomentStatistics
 
 Z = 5.5
 REPS = 3000
@@ -125,3 +131,69 @@ def test_fast_path_refuses_bad_counts(counts: np.ndarray, error: type[Exception]
         mech.simulate_statistics(counts, np.random.default_rng(0))
     with pytest.raises(TypeError, match="Generator"):
         mech.simulate_statistics(COUNTS, None)  # type: ignore[arg-type]
+
+
+# --- numeric mechanisms ---------------------------------------------------------------
+
+LEVELS = np.array([0.0, 1.3, 5.0, 9.99, 10.0, 14.0])  # 14 is clipped to the upper bound 10
+LEVEL_COUNTS = np.array([40, 70, 0, 90, 60, 40])
+NUMERIC = [
+    ("laplace", 1.0),
+    ("laplace", 4.0),
+    ("duchi", 1.0),
+    ("piecewise", 1.0),
+    ("piecewise", 3.0),
+]
+
+
+def _numeric(name: str, epsilon: float) -> NumericMechanism:
+    mech = make_mechanism(MechanismSpec(mechanism=name, epsilon=epsilon, lower=0, upper=10))
+    assert isinstance(mech, NumericMechanism)
+    return mech
+
+
+@pytest.mark.parametrize(("name", "epsilon"), NUMERIC, ids=[f"{n}-{e:g}" for n, e in NUMERIC])
+def test_report_central_moments_match_the_reports(name: str, epsilon: float) -> None:
+    """m2 is ``report_variance``; m3 and m4 agree with 400,000 encoded reports per level
+    (sample moments within 6 plug-in standard errors: false-failure ~1e-8 each)."""
+    mech = _numeric(name, epsilon)
+    moments = mech.report_central_moments(LEVELS)
+    np.testing.assert_allclose(moments[:, 0], mech.report_variance(LEVELS), rtol=1e-9)
+    rng = np.random.default_rng(zlib.crc32(f"moments-{name}-{epsilon}".encode()))
+    for level, expected in zip(LEVELS, moments, strict=True):
+        reports = mech.debias(mech.encode(np.full(400_000, level), rng))
+        errors = reports - mech.to_original(mech.normalize(np.array([level])))[0]
+        for j, target in zip((2, 3, 4), expected, strict=True):
+            powers = errors**j
+            standard_error = powers.std() / math.sqrt(powers.size)
+            assert abs(powers.mean() - target) <= 6 * standard_error + 1e-12 * abs(target)
+
+
+@pytest.mark.parametrize(("name", "epsilon"), NUMERIC, ids=[f"{n}-{e:g}" for n, e in NUMERIC])
+def test_numeric_paths_have_the_same_mean_and_variance(name: str, epsilon: float) -> None:
+    """(T, Q) over R populations: each path's means within z standard errors of the
+    theory, its variances within z standard errors of the sample variance (normal
+    approximation of T and Q, sums of 300 independent reports)."""
+    mech = _numeric(name, epsilon)
+    rng = np.random.default_rng(zlib.crc32(f"paths-{name}-{epsilon}".encode()))
+    values = np.repeat(LEVELS, LEVEL_COUNTS)
+    reps = 2000
+
+    def pair(stats: MomentStatistics) -> tuple[float, float]:
+        assert stats.n == values.size
+        return stats.total, stats.total_squares
+
+    exact = np.array([pair(mech.aggregate(mech.encode(values, rng))) for _ in range(reps)])
+    fast = np.array(
+        [pair(mech.simulate_statistics(LEVELS, LEVEL_COUNTS, rng)) for _ in range(reps)]
+    )
+    mu = mech.to_original(mech.normalize(LEVELS))
+    m2, m3, m4 = mech.report_central_moments(LEVELS).T
+    w = LEVEL_COUNTS.astype(np.float64)
+    mean = np.array([w @ mu, w @ (mu * mu + m2)])
+    variance = np.array([w @ m2, w @ (4 * mu * mu * m2 + 4 * mu * m3 + m4 - m2 * m2)])
+    for draws in (exact, fast):
+        assert np.all(np.abs(draws.mean(axis=0) - mean) <= Z * np.sqrt(variance / reps))
+        # Var[s^2] ~ 2 sigma^4 / (R - 1) for near-normal sums.
+        spread = variance * math.sqrt(2 / (reps - 1))
+        assert np.all(np.abs(draws.var(axis=0, ddof=1) - variance) <= Z * spread)
