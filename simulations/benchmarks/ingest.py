@@ -78,9 +78,6 @@ import multiprocessing
 import os
 import pstats
 import secrets
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -97,6 +94,8 @@ import numpy as np
 
 from shared.mechanisms import make_mechanism
 from shared.schemas import MechanismSpec
+from simulations import server
+from simulations.server import Server, free_port  # noqa: F401  (re-exported for the client benchmark)
 
 BATCH = 1000
 TARGET_RATE = 100_000.0
@@ -215,39 +214,6 @@ class StageRow:
 # ---------------------------------------------------------------------------------------
 
 
-@dataclass
-class Server:
-    """A running ``ldp-aggregator serve`` process group."""
-
-    process: subprocess.Popen[bytes]
-    url: str
-    log_path: Path
-    keys: dict[str, str]
-
-    def headers(self, role: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.keys[role]}"}
-
-    def stop(self) -> None:
-        """SIGTERM the process group (graceful shutdown), SIGKILL after 30 s."""
-        if self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=30)
-
-    def log_tail(self, lines: int = 20) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def write_config(path: Path) -> Path:
     """A metrics TOML with the ingest metric and the two estimate metrics (same spec)."""
     # The spec's values are strings and numbers, written the same in TOML as in JSON.
@@ -265,68 +231,11 @@ def write_config(path: Path) -> Path:
 def start_server(
     database: str, workdir: Path, workers: int, *extra: str, timeout: float = 90.0
 ) -> Server:
-    """Start ``ldp-aggregator serve`` on a free port and wait until ``/healthz`` answers."""
-    keys = {
-        role: f"bench-{role}-{secrets.token_hex(16)}" for role in ("admin", "analyst", "device")
-    }
-    port = free_port()
-    environment = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("LDP_")},
-        "LDP_ADMIN_KEYS": keys["admin"],
-        "LDP_ANALYST_KEYS": keys["analyst"],
-        "LDP_DEVICE_KEYS": keys["device"],
-        # The per-key rate limit would cap one key's requests; the senders share one key.
-        "LDP_RATE_LIMIT_PER_SECOND": "1000000",
-        "LDP_RATE_LIMIT_BURST": "1000000",
-    }
-    environment.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    if workers > 1:
-        metrics_dir = Path(tempfile.mkdtemp(prefix="prometheus-", dir=workdir))
-        environment["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
-    log_path = workdir / f"server-{port}.log"
-    command = [
-        sys.executable,
-        "-m",
-        "aggregator.cli",
-        "serve",
-        "--database",
-        database,
-        "--port",
-        str(port),
-        "--workers",
-        str(workers),
-        "--min-reports",
-        "1",
-        "--config",
-        str(write_config(workdir / "metrics.toml")),
-        "--log-level",
-        "warning",
-        *extra,
-    ]
-    with log_path.open("ab") as log:
-        process = subprocess.Popen(
-            command,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=environment,
-            cwd=REPO_ROOT,
-            start_new_session=True,
-        )
-    server = Server(process, f"http://127.0.0.1:{port}", log_path, keys)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the server exited with {process.returncode}:\n{server.log_tail()}")
-        try:
-            if httpx.get(f"{server.url}/healthz", timeout=1.0).status_code == 200:
-                if workers > 1:
-                    time.sleep(1.0)  # let every worker finish starting, not only the first
-                return server
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    server.stop()
-    raise RuntimeError(f"the server did not answer within {timeout} s:\n{server.log_tail()}")
+    """The aggregator with the benchmark's metrics (``write_config``), on a free port."""
+    config = str(write_config(workdir / "metrics.toml"))
+    return server.start_server(
+        database, workdir, workers=workers, extra=("--config", config, *extra), timeout=timeout
+    )
 
 
 def postgres_problem(url: str) -> str | None:
