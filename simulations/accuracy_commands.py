@@ -137,7 +137,7 @@ def register(subparsers: Any) -> None:
         help="uniform | zipf:S | counts:FILE (repeat for several; default zipf:1.1)",
     )
     _common(frequency)
-    frequency.set_defaults(run=_run_frequency)
+    frequency.set_defaults(run=_run_frequency, command_parser=frequency)
 
     numeric = subparsers.add_parser(
         "numeric",
@@ -161,7 +161,7 @@ def register(subparsers: Any) -> None:
         help="uniform | normal:MEAN,SD | exponential:SCALE (repeat for several; default uniform)",
     )
     _common(numeric)
-    numeric.set_defaults(run=_run_numeric)
+    numeric.set_defaults(run=_run_numeric, command_parser=numeric)
 
 
 def _shape(parse: Callable[[str], T]) -> Callable[[str], T]:

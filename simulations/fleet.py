@@ -75,7 +75,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the population")
     parser.add_argument("--out", type=Path, help="directory for fleet.csv and fleet.json")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.set_defaults(run=_run)
+    parser.set_defaults(run=_run, command_parser=parser)
 
 
 def _spec(args: argparse.Namespace, parser: argparse.ArgumentParser) -> MechanismSpec:
