@@ -18,12 +18,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from simulations import accuracy_commands, fleet
-
 __all__ = ["build_parser", "main"]
+
+#: What ``pip install 'ldp-telemetry[sim]'`` adds and the simulations import.
+SIMULATION_EXTRAS = ("tqdm", "matplotlib", "dask", "distributed", "sklearn")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from simulations import accuracy_commands, fleet
+
     parser = argparse.ArgumentParser(
         prog="ldp-sim",
         description=__doc__,
@@ -36,7 +39,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    try:
+        parser = build_parser()
+    except ModuleNotFoundError as error:
+        if error.name not in SIMULATION_EXTRAS:
+            raise
+        print(
+            f"ldp-sim needs the simulation extras (missing {error.name!r}): "
+            "pip install 'ldp-telemetry[sim]'",
+            file=sys.stderr,
+        )
+        return 2
     args = parser.parse_args(argv)
     try:
         return int(args.run(args, args.command_parser))
