@@ -11,14 +11,13 @@ import asyncio
 import contextlib
 import gc
 import logging
-import math
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Path, Query, Request, Response
+from fastapi import FastAPI, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
@@ -27,8 +26,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from aggregator import observability as obs
-from aggregator.auth import KeyRing, Principal, RateLimiter, Role
+from aggregator.auth import KeyRing, RateLimiter, Role
+from aggregator.deps import Admin, Analyst, Device
 from aggregator.estimates import EstimateOut
+from aggregator.federated import Federated
+from aggregator.federated_api import add_federated_routes
 from aggregator.ingest import BatchRejected, IngestResult, ReportBatch
 from aggregator.problems import (
     Problem,
@@ -130,52 +132,6 @@ class _TooLarge(Exception):
     pass
 
 
-def authorized(role: Role) -> Callable[[Request], Awaitable[Principal]]:
-    """A dependency that admits requests bearing a valid key of ``role`` (or admin)."""
-
-    async def dependency(request: Request) -> Principal:
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise ProblemError(
-                401,
-                "unauthorized",
-                "Authentication required",
-                "send 'Authorization: Bearer <key>'",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        keys: KeyRing = request.app.state.keys
-        principal = await run_in_threadpool(keys.authenticate, token.strip())
-        if principal is None:
-            raise ProblemError(
-                401,
-                "unauthorized",
-                "Invalid API key",
-                "the key is unknown or revoked",
-                headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
-            )
-        if not principal.may(role):
-            raise ProblemError(
-                403,
-                "forbidden",
-                "Not allowed",
-                f"this needs a {role} key; the key given is a {principal.role} key",
-            )
-        limiter: RateLimiter = request.app.state.limiter
-        wait = limiter.acquire(principal.key_id)
-        if wait > 0:
-            raise ProblemError(
-                429,
-                "rate-limited",
-                "Too many requests",
-                f"this key may make {limiter.rate:g} requests per second",
-                headers={"Retry-After": str(max(1, math.ceil(wait)))},
-            )
-        return principal
-
-    return dependency
-
-
 CandidateString = Annotated[str, StringConstraints(min_length=1, max_length=MAX_LABEL_LENGTH)]
 MetricName = Annotated[str, Path(pattern=METRIC_NAME.pattern, description="Metric name.")]
 
@@ -187,15 +143,11 @@ def _date_time_text(value: object) -> object:
     return value
 
 
-Device = Annotated[Principal, Depends(authorized("device"))]
-Analyst = Annotated[Principal, Depends(authorized("analyst"))]
-Admin = Annotated[Principal, Depends(authorized("admin"))]
-
-
 def create_app(settings: Settings, aggregator: Aggregator | None = None) -> FastAPI:
     """The FastAPI application over ``aggregator`` (one is built from ``settings`` if None)."""
     service = aggregator or Aggregator(settings)
     keys = KeyRing(service.storage)
+    federated = Federated(service.storage)
     limiter = RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst)
 
     @contextlib.asynccontextmanager
@@ -204,13 +156,15 @@ def create_app(settings: Settings, aggregator: Aggregator | None = None) -> Fast
         # collections run less often: each batch allocates thousands of short-lived objects.
         gc.freeze()
         gc.set_threshold(20_000, 20, 20)
-        task = None
+        tasks = [asyncio.create_task(_close_due_rounds(federated))]
         if settings.compaction_interval > 0:
-            task = asyncio.create_task(_compact_periodically(service, settings.compaction_interval))
+            tasks.append(
+                asyncio.create_task(_compact_periodically(service, settings.compaction_interval))
+            )
         try:
             yield
         finally:
-            if task is not None:
+            for task in tasks:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
@@ -232,6 +186,7 @@ def create_app(settings: Settings, aggregator: Aggregator | None = None) -> Fast
         separate_input_output_schemas=False,
     )
     app.state.aggregator = service
+    app.state.federated = federated
     app.state.keys = keys
     app.state.limiter = limiter
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
@@ -449,6 +404,7 @@ def create_app(settings: Settings, aggregator: Aggregator | None = None) -> Fast
         result = await run_in_threadpool(service.compact)
         return {"groups": result.groups, "rows_merged": result.rows_merged}
 
+    add_federated_routes(app)
     _document_batch_schema(app)
     return app
 
@@ -475,6 +431,16 @@ async def _handle_unexpected(request: Request, error: Exception) -> Response:
     return problem_response(
         request, 500, "internal", "Internal error", "the server failed; see its log"
     )
+
+
+async def _close_due_rounds(federated: Federated, interval: float = 0.5) -> None:
+    """Close (or extend) federated rounds whose deadline passed, every ``interval`` s."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await run_in_threadpool(federated.tick)
+        except Exception as error:  # noqa: BLE001 - keep ticking after a transient failure
+            obs.log(logger, logging.WARNING, "closing federated rounds failed", error=repr(error))
 
 
 async def _compact_periodically(service: Aggregator, interval: float) -> None:

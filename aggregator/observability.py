@@ -41,6 +41,10 @@ INGEST_SECONDS = Histogram(
 )
 ESTIMATE_SECONDS = Histogram("ldp_estimate_seconds", "Time to compute one estimate.")
 REQUESTS = Counter("ldp_http_requests", "HTTP requests by route and status.", ["route", "status"])
+FEDERATED_UPDATES = Counter(
+    "ldp_federated_updates", "Federated uploads: accepted, duplicate or rejected.", ["outcome"]
+)
+FEDERATED_ROUNDS = Counter("ldp_federated_rounds", "Federated rounds closed.")
 
 
 def exposition() -> tuple[bytes, str]:

@@ -7,7 +7,12 @@ Tables (schema version ``SCHEMA_VERSION``, checked at start):
 * ``report_ids``: every accepted ``report_id`` (16 bytes), the primary key that makes
   ingest idempotent;
 * ``partial_stats``: append-only sufficient statistics, one row per (metric, version,
-  time bucket) per ingested batch; ``compact`` merges a group's rows into one.
+  time bucket) per ingested batch; ``compact`` merges a group's rows into one;
+* ``federated_tasks``: one row per federated learning task, its state (model, clip
+  norm, rounds and their privacy cost) as JSON, its status and open round's deadline;
+* ``federated_updates``: every upload of each task, keyed by (task, ``update_id``) so a
+  retry is a duplicate even after its round closed; the vectors of a closed round are
+  erased, their ids kept.
 
 Exactly once. ``ingest`` stores a batch in one transaction (shared with the other
 batches waiting at that moment: group commit, ``aggregator/group_commit.py``): insert
@@ -115,6 +120,57 @@ partial_stats = Table(
     Column("stats", LargeBinary, nullable=False),
     Index("partial_stats_group", "metric", "version", "bucket"),
 )
+
+
+federated_tasks = Table(
+    "federated_tasks",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("status", String(24), nullable=False),
+    Column("round", Integer, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("evaluation", Text, nullable=True),
+    Column("deadline", Float, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+federated_updates = Table(
+    "federated_updates",
+    metadata,
+    Column("task", String(64), primary_key=True),
+    Column("update_id", LargeBinary(16), primary_key=True),
+    Column("round", Integer, nullable=False),
+    Column("vector", LargeBinary, nullable=False),
+    Column("unclipped", Float, nullable=False),
+    Column("num_examples", Integer, nullable=False),
+    Index("federated_updates_round", "task", "round"),
+)
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    """A stored federated task."""
+
+    name: str
+    status: str
+    round: int
+    state: str
+    evaluation: str | None
+    deadline: float
+
+
+@dataclass(frozen=True)
+class UpdateRow:
+    """A stored upload of a task's open round."""
+
+    vector: bytes
+    unclipped: float
+    num_examples: int
+
+
+#: What a round-closing function returns: the task's new (status, round, state,
+#: deadline), or None to leave the task as it is.
+TaskChange = tuple[str, int, str, float] | None
 
 
 class SchemaMismatchError(RuntimeError):
@@ -450,6 +506,165 @@ class Storage:
                 )
             )
             return len(deleted)
+
+    # --- federated tasks ----------------------------------------------------------------
+
+    def create_task(self, row: TaskRow) -> bool:
+        """Store a new task; False (and nothing written) if the name is taken."""
+        with self._write() as conn:
+            taken = conn.execute(
+                select(federated_tasks.c.name).where(federated_tasks.c.name == row.name)
+            ).first()
+            if taken is not None:
+                return False
+            conn.execute(
+                insert(federated_tasks).values(
+                    name=row.name, status=row.status, round=row.round, state=row.state,
+                    evaluation=row.evaluation, deadline=row.deadline, created_at=time.time(),
+                )
+            )  # fmt: skip
+            return True
+
+    def tasks(self) -> list[TaskRow]:
+        """Every federated task, by name."""
+        with self._read() as conn:
+            rows = conn.execute(_task_columns().order_by(federated_tasks.c.name)).all()
+        return [TaskRow(*row) for row in rows]
+
+    def task(self, name: str) -> TaskRow | None:
+        with self._read() as conn:
+            row = conn.execute(_task_columns().where(federated_tasks.c.name == name)).first()
+        return None if row is None else TaskRow(*row)
+
+    def update_count(self, name: str, round_number: int) -> int:
+        """Uploads stored for a task's round."""
+        with self._read() as conn:
+            return self._round_size(conn, name, round_number)
+
+    def add_update(
+        self,
+        name: str,
+        update_id: bytes,
+        row: UpdateRow,
+        admit: Callable[[TaskRow], int],
+        close: Callable[[TaskRow, list[UpdateRow]], TaskChange],
+    ) -> tuple[bool, int, int]:
+        """Store one upload for the task's open round: ``(new, its round, uploads in it)``.
+
+        The task row is locked first (``FOR UPDATE`` on PostgreSQL; SQLite has one writer),
+        so uploads and a round's closing never interleave. An ``update_id`` the task has
+        already seen is a duplicate, whatever round it came in (a retry of an upload whose
+        answer was lost): nothing is stored and its round is answered. Otherwise ``admit``
+        sees the locked task and returns the round the upload is for, or raises to refuse
+        it (nothing is written). After a new upload, ``close`` sees the round's uploads and
+        may close the round in the same transaction: the upload that completes a round
+        closes it, exactly once.
+        """
+        with self._write() as conn:
+            task = self._lock_task(conn, name)
+            if task is None:
+                raise KeyError(name)
+            seen = conn.execute(
+                select(federated_updates.c.round)
+                .where(federated_updates.c.task == name)
+                .where(federated_updates.c.update_id == update_id)
+            ).scalar_one_or_none()
+            if seen is not None:
+                return False, int(seen), self._round_size(conn, name, int(seen))
+            round_number = admit(task)
+            conn.execute(
+                insert(federated_updates).values(
+                    update_id=update_id, task=name, round=round_number, vector=row.vector,
+                    unclipped=row.unclipped, num_examples=row.num_examples,
+                )
+            )  # fmt: skip
+            uploads = self._round_uploads(conn, task)
+            self._apply(conn, task, close(task, uploads))
+            return True, round_number, len(uploads)
+
+    def _round_size(self, conn: Connection, name: str, round_number: int) -> int:
+        return int(
+            conn.execute(
+                select(func.count())
+                .select_from(federated_updates)
+                .where(federated_updates.c.task == name)
+                .where(federated_updates.c.round == round_number)
+            ).scalar_one()
+        )
+
+    def change_task(
+        self, name: str, change: Callable[[TaskRow, list[UpdateRow]], TaskChange]
+    ) -> TaskRow | None:
+        """Apply ``change`` to a locked task and its open round's uploads, atomically.
+
+        When ``change`` returns a new (status, round, state, deadline) the task row is
+        rewritten and, if the round moved on, the closed round's vectors are erased, in
+        the same transaction. Returns the task as it is afterwards (None if unknown).
+        """
+        with self._write() as conn:
+            task = self._lock_task(conn, name)
+            if task is None:
+                return None
+            return self._apply(conn, task, change(task, self._round_uploads(conn, task)))
+
+    def _round_uploads(self, conn: Connection, task: TaskRow) -> list[UpdateRow]:
+        rows = conn.execute(
+            select(
+                federated_updates.c.vector,
+                federated_updates.c.unclipped,
+                federated_updates.c.num_examples,
+            )
+            .where(federated_updates.c.task == task.name)
+            .where(federated_updates.c.round == task.round)
+            .order_by(federated_updates.c.update_id)
+        )
+        return [UpdateRow(bytes(r.vector), float(r.unclipped), int(r.num_examples)) for r in rows]
+
+    def _apply(self, conn: Connection, task: TaskRow, changed: TaskChange) -> TaskRow:
+        if changed is None:
+            return task
+        status, round_number, state, deadline = changed
+        conn.execute(
+            update(federated_tasks)
+            .where(federated_tasks.c.name == task.name)
+            .values(status=status, round=round_number, state=state, deadline=deadline)
+        )
+        if round_number != task.round:  # the round closed: erase its vectors, keep the ids
+            conn.execute(
+                update(federated_updates)
+                .where(federated_updates.c.task == task.name)
+                .where(federated_updates.c.round == task.round)
+                .values(vector=b"")
+            )
+        return TaskRow(task.name, status, round_number, state, task.evaluation, deadline)
+
+    def due_tasks(self, now: float) -> list[str]:
+        """Running tasks whose open round's deadline has passed."""
+        with self._read() as conn:
+            rows = conn.execute(
+                select(federated_tasks.c.name)
+                .where(federated_tasks.c.status == "running")
+                .where(federated_tasks.c.deadline <= now)
+            ).all()
+        return [row[0] for row in rows]
+
+    def _lock_task(self, conn: Connection, name: str) -> TaskRow | None:
+        query = _task_columns().where(federated_tasks.c.name == name)
+        if self.dialect == "postgresql":
+            query = query.with_for_update()
+        row = conn.execute(query).first()
+        return None if row is None else TaskRow(*row)
+
+
+def _task_columns() -> Any:
+    return select(
+        federated_tasks.c.name,
+        federated_tasks.c.status,
+        federated_tasks.c.round,
+        federated_tasks.c.state,
+        federated_tasks.c.evaluation,
+        federated_tasks.c.deadline,
+    )
 
 
 def _metric(name: str, version: int, document: str) -> Metric:

@@ -158,7 +158,7 @@ class Uploader:
                 if len(self._outbox) >= self.batch_size:
                     self._kick()
             elif response.status_code in RETRYABLE_STATUS:
-                self._back_off(f"HTTP {response.status_code}", _retry_after(response))
+                self._back_off(f"HTTP {response.status_code}", retry_after_seconds(response))
             else:
                 self._outbox.remove(batch)
                 self.stats.reports_refused += len(batch)
@@ -178,7 +178,7 @@ class Uploader:
         logger.warning("upload failed (%s); retrying in %.2f s", reason, delay)
 
 
-def _retry_after(response: httpx.Response) -> float | None:
+def retry_after_seconds(response: httpx.Response) -> float | None:
     """Seconds from a ``Retry-After`` header (delta-seconds form), if any."""
     value = response.headers.get("retry-after")
     if value is None:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "MLP",
@@ -48,6 +48,7 @@ __all__ = [
     "Model",
     "ModelSpec",
     "accuracy",
+    "evaluate",
     "local_train",
     "make_model",
 ]
@@ -57,7 +58,10 @@ __all__ = [
 class Model(Protocol):
     """What federated training needs from a model: a flat parameter vector and its loss."""
 
-    num_params: int
+    @property
+    def num_params(self) -> int:
+        """The length of the flat parameter vector."""
+        ...
 
     def init_params(self, rng: np.random.Generator) -> np.ndarray:
         """A starting parameter vector of length ``num_params``."""
@@ -209,16 +213,30 @@ def _check_dims(num_features: int, num_classes: int) -> None:
         raise ValueError(f"num_classes must be >= 2, got {num_classes!r}")
 
 
+#: Largest model a task may train: half a million parameters (4 MB as float64, 5.3 MB in
+#: base64: an upload stays under the service's default 8 MiB body limit).
+MAX_MODEL_PARAMETERS = 500_000
+
+
 class ModelSpec(BaseModel):
     """A built-in model by name, as a federated task states it on the wire."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Literal["logistic", "mlp"]
-    num_features: int = Field(ge=1, le=1_000_000)
-    num_classes: int = Field(ge=2, le=100_000)
-    hidden: int = Field(default=32, ge=1, le=100_000, description="hidden units (mlp only)")
+    num_features: int = Field(ge=1, le=MAX_MODEL_PARAMETERS)
+    num_classes: int = Field(ge=2, le=MAX_MODEL_PARAMETERS)
+    hidden: int = Field(default=32, ge=1, le=MAX_MODEL_PARAMETERS, description="mlp only")
     l2: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _not_too_large(self) -> ModelSpec:
+        size = make_model(self).num_params
+        if size > MAX_MODEL_PARAMETERS:
+            raise ValueError(
+                f"the model has {size} parameters; a task may train at most {MAX_MODEL_PARAMETERS}"
+            )
+        return self
 
 
 def make_model(spec: ModelSpec) -> LogisticRegression | MLP:
@@ -277,3 +295,9 @@ def local_train(
 def accuracy(model: Model, params: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
     """Fraction of rows of ``x`` whose predicted class is ``y``."""
     return float(np.mean(model.predict(params, x) == y))
+
+
+def evaluate(model: Model, params: np.ndarray, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    """Accuracy and mean loss of ``params`` on ``(x, y)``."""
+    loss, _ = model.loss_and_grad(params, x, y)
+    return {"accuracy": accuracy(model, params, x, y), "loss": float(loss)}

@@ -234,10 +234,11 @@ class DPConfig:
     def max_upload_norm(self, clip_norm: float, num_params: int) -> float:
         """The largest L2 norm an honest upload has, but for a chance below ``exp(-50)``.
 
-        ``C`` plus the client's noise, ``s C (sqrt(P) + 10)``; infinite in the ``none``
-        mode (nothing to check) and ``C`` in the central mode (no client noise).
+        ``C`` plus the client's noise, ``s C (sqrt(P) + 10)``, in the local and distributed
+        modes; infinite in the ``none`` mode (nothing to check) and in the central mode,
+        where the server clips every upload to ``C`` itself.
         """
-        if self.mode == "none":
+        if self.mode in ("none", "central"):
             return math.inf
         std = self.client_noise_std * clip_norm
         return clip_norm + std * (math.sqrt(num_params) + NORM_TAIL_ALLOWANCE)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -40,6 +41,7 @@ from shared.federated.privacy import (
     PrivateAggregation,
 )
 from shared.randomness import RandomSource, Rng
+from shared.schemas import MAX_EPSILON, MIN_EPSILON
 
 __all__ = [
     "AdaptiveClippingSpec",
@@ -89,15 +91,20 @@ class TaskConfig(BaseModel):
 
     model: ModelSpec
     mode: PrivacyMode
-    rounds: int = Field(ge=1, le=100_000, description="planned rounds T")
-    population: int = Field(ge=1, description="number of users W who may take part")
-    clients_per_round: float = Field(gt=0, allow_inf_nan=False, description="expected q W")
+    rounds: int = Field(ge=1, le=10_000, description="planned rounds T")
+    population: int = Field(ge=1, le=10**12, description="number of users W who may take part")
+    clients_per_round: float = Field(
+        ge=1, le=10**12, allow_inf_nan=False, description="expected clients per round, q W"
+    )
     clip_norm: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     target_epsilon: float | None = Field(
-        default=None, gt=0, description="calibrate the noise for this epsilon (null: none)"
+        default=None,
+        ge=MIN_EPSILON,
+        le=MAX_EPSILON,
+        description="calibrate the noise for this epsilon (null: give noise_multiplier)",
     )
-    noise_multiplier: float | None = Field(default=None, ge=0, allow_inf_nan=False)
-    delta: float = Field(default=1e-5, gt=0, lt=1)
+    noise_multiplier: float | None = Field(default=None, ge=0, le=1e6, allow_inf_nan=False)
+    delta: float = Field(default=1e-5, ge=1e-30, lt=1)
     accounting: Literal["pld", "rdp"] = "pld"
     adaptive_clipping: AdaptiveClippingSpec | None = None
     local_training: LocalTrainingSpec = LocalTrainingSpec()
@@ -118,9 +125,7 @@ class TaskConfig(BaseModel):
                 f"({self.population})"
             )
         if self.mode == "none":
-            if self.noise_multiplier or (
-                self.target_epsilon is not None and math.isfinite(self.target_epsilon)
-            ):
+            if self.noise_multiplier or self.target_epsilon is not None:
                 raise ValueError(
                     "mode 'none' adds no noise: give no noise_multiplier or target_epsilon"
                 )
@@ -157,15 +162,13 @@ def calibrate(config: TaskConfig) -> float:
     twice the calibrated multiplier). In the distributed mode a round may close with as
     few as ``min_clients`` noise shares, whose sum has multiplier ``z sqrt(min / (q W))``:
     the multiplier is raised by ``sqrt(q W / min)`` so that even such rounds stay within
-    the target. An infinite target (or the ``none`` mode) is 0.
+    the target. The ``none`` mode has none.
     """
     if config.mode == "none":
         return 0.0
     if config.noise_multiplier is not None:
         return config.noise_multiplier
     assert config.target_epsilon is not None
-    if math.isinf(config.target_epsilon):
-        return 0.0
     from shared.accounting import calibrate_noise_multiplier
 
     local = config.mode == "local"
@@ -324,12 +327,13 @@ class TaskState:
         unclipped: np.ndarray,
         weights: np.ndarray,
         rng: Rng | RandomSource = None,
-        evaluation: dict[str, float] | None = None,
+        evaluate: Callable[[np.ndarray], dict[str, float]] | None = None,
     ) -> RoundRecord:
         """Aggregate one round's contributions, step the model, and charge the round.
 
         ``updates`` is (m, P), one row per accepted upload; ``unclipped`` the uploads'
-        bits; ``weights`` their example counts (used by the ``none`` mode only).
+        bits; ``weights`` their example counts (used by the ``none`` mode only);
+        ``evaluate`` maps the new parameters to metrics kept in the round's record.
         """
         self.check_round()
         m = updates.shape[0]
@@ -345,8 +349,9 @@ class TaskState:
             self.accountant_rounds = accountant.rounds
         self.round += 1
         epsilon = self._accountant().epsilon() if self.dp.private else math.inf
+        evaluation = {} if evaluate is None else evaluate(self.server.params)
         record = RoundRecord(
-            self.round, m, self.clip_norm, epsilon, outcome.unclipped_fraction, evaluation or {}
+            self.round, m, self.clip_norm, epsilon, outcome.unclipped_fraction, evaluation
         )
         self.clip_norm = outcome.clip_norm
         self.history.append(record)

@@ -58,15 +58,23 @@ CROSS_FIELD_RULES = {
     "PUT /v1/metrics/{name}",
     "POST /v1/reports",
     "GET /v1/metrics/{name}/estimate",
+    # A task's config has cross-field rules (clients per round within the population, a
+    # noise multiplier or a target, an evaluation set that fits the model), and an update
+    # must fit the task's model (base64 of num_params float64 values, finite, in norm).
+    "POST /v1/federated/tasks",
+    "POST /v1/federated/tasks/{name}/updates",
 }
 
 
 def auth_for(case: schemathesis.Case) -> dict[str, str]:
     """A valid key of the least privileged role the route admits."""
-    path = case.operation.path
-    role = (
-        "device" if path == "/v1/reports" else "analyst" if path.endswith("/estimate") else "admin"
-    )
+    path, method = case.operation.path, case.operation.method.upper()
+    if path == "/v1/reports" or path.endswith(("/round", "/updates")):
+        role = "device"
+    elif path.endswith("/estimate") or (path.startswith("/v1/federated") and method == "GET"):
+        role = "analyst"
+    else:
+        role = "admin"
     return {"Authorization": f"Bearer {KEYS[role]}"}
 
 

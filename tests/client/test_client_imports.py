@@ -90,3 +90,44 @@ def test_recording_with_every_mechanism_imports_no_server_side_library() -> None
 def test_the_check_sees_a_server_side_import() -> None:
     """The probe itself works: it does report a library that was imported."""
     assert _server_side_modules("import client, starlette\n" + _REPORT) == ["starlette"]
+
+
+_FEDERATED_IN_USE = (
+    """
+import base64, json
+import httpx, numpy as np
+from client import FederatedClient
+from shared.federated.task import TaskConfig
+
+CONFIG = TaskConfig.model_validate({
+    "model": {"kind": "mlp", "num_features": 3, "num_classes": 2, "hidden": 4},
+    "mode": "local", "rounds": 5, "population": 10, "clients_per_round": 10,
+    "noise_multiplier": 1.0,
+})
+PARAMS = np.zeros(3 * 4 + 4 + 4 * 2 + 2)
+uploads = []
+
+def handle(request):
+    if request.url.path.endswith("/round"):
+        return httpx.Response(200, json={
+            "task": "t", "round": 0, "state": "running", "config": CONFIG.model_dump(mode="json"),
+            "noise_multiplier": 1.0, "clip_norm": 1.0, "sample_rate": 1.0,
+            "expected_clients": 10.0, "num_params": PARAMS.size,
+            "parameters": base64.b64encode(PARAMS.tobytes()).decode(), "deadline": 0.0})
+    uploads.append(json.loads(request.content))
+    return httpx.Response(200, json={"accepted": True, "duplicate": False, "round": 0,
+                                     "updates_received": 1})
+
+http = httpx.Client(transport=httpx.MockTransport(handle))
+x, y = np.random.default_rng(0).normal(size=(8, 3)), np.arange(8) % 2
+with FederatedClient("http://aggregator.test", "key", "t", (x, y), http=http) as device:
+    result = device.run_round()
+assert result.uploaded and len(uploads) == 1
+"""
+    + _REPORT
+)
+
+
+def test_federated_training_imports_no_server_side_library() -> None:
+    """Training, clipping, noising and uploading a federated update stays light too."""
+    assert _server_side_modules(_FEDERATED_IN_USE) == []

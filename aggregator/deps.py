@@ -1,0 +1,72 @@
+"""FastAPI dependencies shared by the routes: bearer-key authentication by role.
+
+``Device``, ``Analyst`` and ``Admin`` are ``Annotated`` aliases a route takes as a
+parameter; each admits a request bearing a valid key of that role (an admin key is
+admitted everywhere), answers 401 without one, 403 with a key of another role, and 429
+with ``Retry-After`` when the key's rate limit is spent.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.concurrency import run_in_threadpool
+
+from aggregator.auth import KeyRing, Principal, RateLimiter, Role
+from aggregator.problems import ProblemError
+
+__all__ = ["Admin", "Analyst", "Device", "authorized"]
+
+
+def authorized(role: Role) -> Callable[[Request], Awaitable[Principal]]:
+    """A dependency that admits requests bearing a valid key of ``role`` (or admin)."""
+
+    async def dependency(request: Request) -> Principal:
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise ProblemError(
+                401,
+                "unauthorized",
+                "Authentication required",
+                "send 'Authorization: Bearer <key>'",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        keys: KeyRing = request.app.state.keys
+        principal = await run_in_threadpool(keys.authenticate, token.strip())
+        if principal is None:
+            raise ProblemError(
+                401,
+                "unauthorized",
+                "Invalid API key",
+                "the key is unknown or revoked",
+                headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+            )
+        if not principal.may(role):
+            raise ProblemError(
+                403,
+                "forbidden",
+                "Not allowed",
+                f"this needs a {role} key; the key given is a {principal.role} key",
+            )
+        limiter: RateLimiter = request.app.state.limiter
+        wait = limiter.acquire(principal.key_id)
+        if wait > 0:
+            raise ProblemError(
+                429,
+                "rate-limited",
+                "Too many requests",
+                f"this key may make {limiter.rate:g} requests per second",
+                headers={"Retry-After": str(max(1, math.ceil(wait)))},
+            )
+        return principal
+
+    return dependency
+
+
+Device = Annotated[Principal, Depends(authorized("device"))]
+Analyst = Annotated[Principal, Depends(authorized("analyst"))]
+Admin = Annotated[Principal, Depends(authorized("admin"))]

@@ -1,0 +1,489 @@
+"""Federated learning tasks in the service: create, serve rounds, take uploads, close rounds.
+
+A task runs through :class:`shared.federated.task.TaskState` (the same object the
+simulations use), stored as JSON in ``federated_tasks``; uploads of the open round wait
+in ``federated_updates``. Everything here is a transaction on storage, so several
+aggregator processes can serve one task: the task row is locked while an upload is
+admitted or a round closes, and a round closes exactly once.
+
+Round life. A round opens with a deadline ``round_timeout_seconds`` ahead. It closes
+when ``max_clients`` uploads arrived (by default ``ceil(clients_per_round)``), or at its
+deadline if at least ``min_clients`` did (dropouts are tolerated); with fewer, the
+deadline moves one timeout on. Closing aggregates the uploads with the task's privacy
+mode, steps the model, charges the round to the accountant, evaluates the model on the
+task's public evaluation set if it has one, and opens the next round; a task whose
+planned rounds are done is ``completed``, and one whose next round would exceed its
+privacy budget is ``budget_exhausted`` (no such round ever runs).
+
+Uploads. An upload names its round and carries the update as base64 of little-endian
+float64. It is refused, with nothing stored, when the task is unknown or finished, the
+round is not the open one, the vector has the wrong length or a NaN or infinity, or (in
+the local and distributed modes, where the upload carries its own noise) its L2 norm
+exceeds what an honest client's clipped and noised update reaches but with probability
+below exp(-50). In the central mode the server clips whatever arrives to C instead.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+from uuid import UUID
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from aggregator import observability as obs
+from aggregator.registry import METRIC_NAME
+from aggregator.storage import Storage, TaskChange, TaskRow, UpdateRow
+from shared.federated.models import ModelSpec, evaluate, make_model
+from shared.federated.task import BudgetExhaustedError, TaskConfig, TaskState
+
+__all__ = [
+    "EvaluationSet",
+    "Federated",
+    "FederatedError",
+    "RoundOut",
+    "TaskCreate",
+    "TaskStatus",
+    "UpdateAccepted",
+    "UpdateUpload",
+]
+
+logger = logging.getLogger("ldp.aggregator")
+TaskStatusName = Literal["running", "completed", "budget_exhausted"]
+#: Largest public evaluation set a task may carry (rows).
+MAX_EVALUATION_ROWS = 100_000
+
+
+class FederatedError(Exception):
+    """A refused federated request: HTTP status, problem type and title, and why."""
+
+    def __init__(
+        self,
+        status: int,
+        kind: str,
+        title: str,
+        detail: str,
+        problems: list[dict[str, Any]] | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.status, self.kind, self.title, self.problems = status, kind, title, problems
+
+
+class EvaluationSet(BaseModel):
+    """A public evaluation set: the server reports the global model's accuracy on it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    x: list[list[float]] = Field(min_length=1, max_length=MAX_EVALUATION_ROWS)
+    y: list[int] = Field(min_length=1, max_length=MAX_EVALUATION_ROWS)
+
+    @model_validator(mode="after")
+    def _same_rows(self) -> EvaluationSet:
+        if len(self.x) != len(self.y):
+            raise ValueError(f"x has {len(self.x)} rows but y has {len(self.y)} labels")
+        if len({len(row) for row in self.x}) != 1:
+            raise ValueError("every row of x must have the same number of features")
+        return self
+
+    def check(self, model: ModelSpec) -> None:
+        if len(self.x[0]) != model.num_features:
+            raise ValueError(
+                f"evaluation rows have {len(self.x[0])} features; the model takes "
+                f"{model.num_features}"
+            )
+        if min(self.y) < 0 or max(self.y) >= model.num_classes:
+            raise ValueError(f"evaluation labels must lie in 0..{model.num_classes - 1}")
+        if not np.all(np.isfinite(np.asarray(self.x, dtype=np.float64))):
+            raise ValueError("evaluation features must be finite numbers")
+
+
+class TaskCreate(BaseModel):
+    """``POST /v1/federated/tasks``: a name, the task's configuration, an evaluation set."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=METRIC_NAME.pattern, max_length=64)
+    config: TaskConfig
+    evaluation: EvaluationSet | None = None
+
+
+class RoundRecordOut(BaseModel):
+    round: int
+    participants: int
+    clip_norm: float
+    epsilon: float | None = Field(description="spent after the round; null when unbounded")
+    unclipped_fraction: float | None
+    evaluation: dict[str, float]
+
+
+class TaskStatus(BaseModel):
+    """What a task has done and spent."""
+
+    name: str
+    mode: str
+    state: TaskStatusName
+    round: int = Field(description="rounds closed so far (the open round's number)")
+    rounds: int = Field(description="rounds planned")
+    epsilon_spent: float | None = Field(description="at delta; null when unbounded (no noise)")
+    budget: float | None = Field(description="the task's epsilon budget; null when unbounded")
+    delta: float
+    noise_multiplier: float
+    clip_norm: float
+    updates_received: int = Field(description="uploads in the open round")
+    deadline: float = Field(description="the open round's deadline (Unix seconds)")
+    participants: list[int]
+    history: list[RoundRecordOut]
+    evaluation: dict[str, float] | None = Field(description="the latest round's evaluation")
+    config: TaskConfig
+
+
+class RoundOut(BaseModel):
+    """``GET .../round``: what a device needs to take part in the open round."""
+
+    task: str
+    round: int
+    state: TaskStatusName
+    config: TaskConfig
+    noise_multiplier: float
+    clip_norm: float
+    sample_rate: float
+    expected_clients: float
+    num_params: int
+    parameters: str = Field(description="base64 of the parameters as little-endian float64")
+    deadline: float
+
+
+class UpdateUpload(BaseModel):
+    """``POST .../updates``: one device's privatized update for one round."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    update_id: UUID
+    round: int = Field(ge=0)
+    update: str = Field(description="base64 of little-endian float64, num_params values")
+    unclipped: float = Field(default=0.0, allow_inf_nan=False, ge=-1e6, le=1e6)
+    num_examples: int = Field(default=1, ge=1, le=2**31 - 1)
+
+
+class UpdateAccepted(BaseModel):
+    accepted: bool
+    duplicate: bool
+    round: int
+    updates_received: int
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def encode_vector(vector: np.ndarray) -> str:
+    return base64.b64encode(np.asarray(vector, dtype="<f8").tobytes()).decode("ascii")
+
+
+class Federated:
+    """The service's federated tasks, over :class:`aggregator.storage.Storage`."""
+
+    def __init__(self, storage: Storage, clock: Callable[[], float] = time.time) -> None:
+        self.storage = storage
+        self.clock = clock
+
+    # --- tasks ---------------------------------------------------------------------------
+
+    def create(self, request: TaskCreate) -> TaskStatus:
+        """Calibrate the noise (for a target epsilon) and store the task at round 0."""
+        if request.evaluation is not None:
+            try:
+                request.evaluation.check(request.config.model)
+            except ValueError as error:
+                raise FederatedError(
+                    422, "invalid-task", "Invalid task", str(error),
+                    [{"field": "evaluation", "message": str(error)}],
+                ) from None  # fmt: skip
+        try:
+            state = TaskState.start(request.config)
+        except (ValueError, ArithmeticError) as error:  # calibration found no multiplier
+            raise FederatedError(
+                422, "invalid-task", "Invalid task", f"cannot calibrate the noise: {error}"
+            ) from None
+        status = _status_after(state)
+        row = TaskRow(
+            request.name,
+            status,
+            state.round,
+            json.dumps(state.to_json()),
+            None if request.evaluation is None else request.evaluation.model_dump_json(),
+            self.clock() + request.config.round_timeout_seconds,
+        )
+        if not self.storage.create_task(row):
+            raise FederatedError(
+                409, "task-exists", "Task exists", f"a task named {request.name!r} exists"
+            )
+        return self._status(row, 0)
+
+    def tasks(self) -> list[TaskStatus]:
+        return [self._status(row, self.storage.update_count(row.name, row.round)) for row in
+                self.storage.tasks()]  # fmt: skip
+
+    def status(self, name: str) -> TaskStatus:
+        row = self._task(name)
+        return self._status(row, self.storage.update_count(name, row.round))
+
+    def round(self, name: str) -> RoundOut:
+        """The open round of a running task (409 once the task is finished)."""
+        row = self._task(name)
+        if row.status != "running":
+            raise _finished(row)
+        state = _state(row)
+        return RoundOut(
+            task=name,
+            round=row.round,
+            state="running",
+            config=state.config,
+            noise_multiplier=state.noise_multiplier,
+            clip_norm=state.clip_norm,
+            sample_rate=state.config.sample_rate,
+            expected_clients=state.config.clients_per_round,
+            num_params=state.num_params,
+            parameters=encode_vector(state.server.params),
+            deadline=row.deadline,
+        )
+
+    # --- uploads -------------------------------------------------------------------------
+
+    def upload(self, name: str, upload: UpdateUpload) -> UpdateAccepted:
+        """Store one upload for the open round; the one that fills the round closes it.
+
+        A retry of an upload already taken (same ``update_id``) is answered as a
+        duplicate, even after its round closed; a new upload is checked against the
+        locked task (open round, length, finiteness, norm) before anything is stored.
+        """
+        self._task(name)  # 404 for an unknown task; closes a round past its deadline
+        try:
+            raw = base64.b64decode(upload.update, validate=True)
+        except (binascii.Error, ValueError):
+            raise _bad_update("update", "the update is not valid base64") from None
+
+        def admit(task: TaskRow) -> int:
+            if task.status != "running":
+                raise _finished(task)
+            if upload.round != task.round:
+                raise FederatedError(
+                    409,
+                    "stale-round",
+                    "Not the open round",
+                    f"the upload is for round {upload.round}; round {task.round} is open",
+                    [{"field": "round", "message": f"expected {task.round}"}],
+                )
+            _check_vector(_state(task), raw)
+            return task.round
+
+        try:
+            new, round_number, count = self.storage.add_update(
+                name,
+                upload.update_id.bytes,
+                UpdateRow(raw, upload.unclipped, upload.num_examples),
+                admit,
+                self._closer(force=False, when_full=True),
+            )
+        except KeyError:
+            raise _unknown(name) from None
+        obs.FEDERATED_UPDATES.labels("accepted" if new else "duplicate").inc()
+        return UpdateAccepted(
+            accepted=new, duplicate=not new, round=round_number, updates_received=count
+        )
+
+    # --- closing rounds ------------------------------------------------------------------
+
+    def close(self, name: str) -> TaskStatus:
+        """Close the open round now (admin): 409 unless it has ``min_clients`` uploads."""
+        row = self._task(name)
+        if row.status != "running":
+            raise _finished(row)
+        closed = self._close(name, force=True)
+        if closed is not None and closed.round == row.round and closed.status == "running":
+            count = self.storage.update_count(name, row.round)
+            minimum = _state(row).config.min_clients
+            raise FederatedError(
+                409,
+                "not-enough-updates",
+                "Not enough updates",
+                f"round {row.round} has {count} updates; it closes with at least {minimum}",
+            )
+        return self.status(name)
+
+    def tick(self) -> int:
+        """Close (or extend) every round whose deadline passed; the number of tasks seen."""
+        due = self.storage.due_tasks(self.clock())
+        for name in due:
+            self._close(name, force=False)
+        return len(due)
+
+    def _close(self, name: str, force: bool) -> TaskRow | None:
+        """Close ``name``'s open round if it may: ``force`` (the admin asks) or its deadline
+        passed; a due round short of ``min_clients`` gets one more timeout."""
+        return self.storage.change_task(name, self._closer(force=force, when_full=False))
+
+    def _closer(
+        self, force: bool, when_full: bool
+    ) -> Callable[[TaskRow, list[UpdateRow]], TaskChange]:
+        """The round-closing step, run by storage on the locked task and its uploads.
+
+        It closes the round when ``force``, when ``when_full`` and the round holds
+        ``max_clients`` uploads (by default ``ceil(clients_per_round)``), or when the
+        deadline passed with at least ``min_clients``; a due round with fewer waits one
+        more timeout. Otherwise it changes nothing.
+        """
+        now = self.clock()
+
+        def change(task: TaskRow, uploads: list[UpdateRow]) -> TaskChange:
+            if task.status != "running":
+                return None
+            state = _state(task)
+            config = state.config
+            full = len(uploads) >= (config.max_clients or math.ceil(config.clients_per_round))
+            due = task.deadline <= now
+            if not (force or due or (when_full and full)):
+                return None
+            if len(uploads) < config.min_clients:
+                if force or not due:
+                    return None
+                return task.status, task.round, task.state, now + config.round_timeout_seconds
+            updates = np.stack([np.frombuffer(u.vector, dtype="<f8") for u in uploads])
+            unclipped = np.array([u.unclipped for u in uploads])
+            weights = np.array([u.num_examples for u in uploads], dtype=np.float64)
+            try:
+                state.close_round(updates, unclipped, weights, None, _evaluator(task, config))
+            except BudgetExhaustedError:
+                obs.log(logger, logging.WARNING, "federated task out of budget", task=task.name)
+                return "budget_exhausted", task.round, task.state, task.deadline
+            obs.FEDERATED_ROUNDS.inc()
+            return (
+                _status_after(state),
+                state.round,
+                json.dumps(state.to_json()),
+                now + config.round_timeout_seconds,
+            )
+
+        return change
+
+    # --- helpers -------------------------------------------------------------------------
+
+    def _task(self, name: str) -> TaskRow:
+        row = self.storage.task(name)
+        if row is None:
+            raise _unknown(name)
+        if row.status == "running" and row.deadline <= self.clock():
+            row = self._close(name, force=False) or row
+        return row
+
+    def _status(self, row: TaskRow, received: int) -> TaskStatus:
+        state = _state(row)
+        history = [
+            RoundRecordOut(
+                round=r.round,
+                participants=r.participants,
+                clip_norm=r.clip_norm,
+                epsilon=_finite_or_none(r.epsilon),
+                unclipped_fraction=r.unclipped_fraction,
+                evaluation=r.evaluation,
+            )
+            for r in state.history
+        ]
+        return TaskStatus(
+            name=row.name,
+            mode=state.config.mode,
+            state=row.status,  # type: ignore[arg-type]
+            round=row.round,
+            rounds=state.config.rounds,
+            epsilon_spent=_finite_or_none(state.epsilon()),
+            budget=_finite_or_none(state.budget),
+            delta=state.config.delta,
+            noise_multiplier=state.noise_multiplier,
+            clip_norm=state.clip_norm,
+            updates_received=received,
+            deadline=row.deadline,
+            participants=[r.participants for r in state.history],
+            history=history,
+            evaluation=history[-1].evaluation if history and history[-1].evaluation else None,
+            config=state.config,
+        )
+
+
+def _state(row: TaskRow) -> TaskState:
+    return TaskState.from_json(json.loads(row.state))
+
+
+def _status_after(state: TaskState) -> str:
+    """``running`` while another round may run; else why not."""
+    if state.round >= state.config.rounds:
+        return "completed"
+    try:
+        state.check_round()
+    except BudgetExhaustedError:
+        return "budget_exhausted"
+    return "running"
+
+
+def _evaluator(
+    task: TaskRow, config: TaskConfig
+) -> Callable[[np.ndarray], dict[str, float]] | None:
+    if task.evaluation is None:
+        return None
+    data = EvaluationSet.model_validate_json(task.evaluation)
+    model = make_model(config.model)
+    x = np.asarray(data.x, dtype=np.float64)
+    y = np.asarray(data.y, dtype=np.int64)
+    return lambda params: evaluate(model, params, x, y)
+
+
+def _check_vector(state: TaskState, raw: bytes) -> None:
+    """Refuse an update of the wrong length, with a NaN or infinity, or a norm that no
+    honest clipped and noised update reaches (local and distributed modes)."""
+    expected = state.num_params * 8
+    if len(raw) != expected:
+        raise _bad_update(
+            "update",
+            f"the update has {len(raw)} bytes ({len(raw) / 8:g} float64 values); the model "
+            f"has {state.num_params} parameters ({expected} bytes)",
+        )
+    vector = np.frombuffer(raw, dtype="<f8")
+    bad = np.flatnonzero(~np.isfinite(vector))
+    if bad.size:
+        raise _bad_update(
+            "update", f"value {int(bad[0])} of the update is {vector[bad[0]]!r}: not finite"
+        )
+    bound = state.dp.max_upload_norm(state.clip_norm, state.num_params)
+    norm = float(np.linalg.norm(vector))
+    if norm > bound:
+        raise _bad_update(
+            "update",
+            f"the update's L2 norm {norm:.6g} exceeds {bound:.6g}, the most a clipped "
+            f"(C = {state.clip_norm:.6g}) and noised update reaches in mode "
+            f"{state.config.mode!r}",
+        )
+
+
+def _unknown(name: str) -> FederatedError:
+    return FederatedError(404, "unknown-task", "Unknown task", f"no federated task {name!r}")
+
+
+def _finished(row: TaskRow) -> FederatedError:
+    reason = {
+        "completed": "it has run all of its planned rounds",
+        "budget_exhausted": "another round would exceed its privacy budget",
+    }.get(row.status, row.status)
+    return FederatedError(409, "task-finished", "Task finished", f"task {row.name!r}: {reason}")
+
+
+def _bad_update(field: str, message: str) -> FederatedError:
+    obs.FEDERATED_UPDATES.labels("rejected").inc()
+    return FederatedError(
+        422, "invalid-update", "Invalid update", message, [{"field": field, "message": message}]
+    )
