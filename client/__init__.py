@@ -6,7 +6,13 @@ device's own epsilon caps (``client/ledger.py``); ``FederatedClient``
 pydantic and the standard library only (and ``shared``).
 """
 
-from client.federated import FederatedClient, FederatedError, RoundInfo, RoundResult
+from client.federated import (
+    FederatedClient,
+    FederatedError,
+    RoundInfo,
+    RoundResult,
+    TaskFinishedError,
+)
 from client.ledger import (
     BudgetExhaustedError,
     BudgetLimits,
@@ -30,5 +36,6 @@ __all__ = [
     "RoundInfo",
     "RoundResult",
     "SpecError",
+    "TaskFinishedError",
     "TelemetryClient",
 ]

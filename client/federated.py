@@ -42,11 +42,15 @@ from shared.federated.privacy import DPConfig, privatize
 from shared.federated.task import TaskConfig
 from shared.randomness import RandomSource
 
-__all__ = ["FederatedClient", "FederatedError", "RoundInfo", "RoundResult"]
+__all__ = ["FederatedClient", "FederatedError", "RoundInfo", "RoundResult", "TaskFinishedError"]
 
 
 class FederatedError(RuntimeError):
     """The task cannot be joined or the server refused the update (not retryable)."""
+
+
+class TaskFinishedError(FederatedError):
+    """The task has run all of its rounds, or stopped at its privacy budget."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,8 @@ class FederatedClient:
     def fetch_round(self) -> RoundInfo:
         """The task's open round; FederatedError once the task is finished or refused."""
         response = self._request("GET", f"/v1/federated/tasks/{self.task}/round")
+        if response.status_code == 409 and _problem_type(response).endswith("task-finished"):
+            raise TaskFinishedError(_problem(response))
         if response.status_code != 200:
             raise FederatedError(_problem(response))
         info = RoundInfo.from_json(response.json())
@@ -181,10 +187,8 @@ class FederatedClient:
         while max_rounds is None or len(results) < max_rounds:
             try:
                 info = self.fetch_round()
-            except FederatedError as error:
-                if "finished" in str(error).lower():
-                    break
-                raise
+            except TaskFinishedError:
+                break
             if info.round <= self._last_round:
                 time.sleep(poll_interval)
                 continue
@@ -243,6 +247,13 @@ class FederatedClient:
         traceback: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _problem_type(response: httpx.Response) -> str:
+    try:
+        return str(response.json().get("type", ""))
+    except ValueError:
+        return ""
 
 
 def _problem(response: httpx.Response) -> str:
