@@ -5,6 +5,8 @@ Subcommands (``ldp-sim COMMAND --help`` for each):
 * ``frequency``: frequency oracles over a grid of mechanisms, epsilons, domain sizes,
   user counts and data shapes, error against theory (``simulations/accuracy_commands.py``);
 * ``numeric``: the same for mean estimation;
+* ``federated``: private federated learning, accuracy against epsilon and the number of
+  clients, in-process or over HTTP (``simulations/federated.py``);
 * ``fleet``: simulated devices through the client SDK against a real aggregator
   (``simulations/fleet.py``).
 
@@ -25,7 +27,7 @@ SIMULATION_EXTRAS = ("tqdm", "matplotlib", "dask", "distributed", "sklearn")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from simulations import accuracy_commands, fleet
+    from simulations import accuracy_commands, federated, fleet
 
     parser = argparse.ArgumentParser(
         prog="ldp-sim",
@@ -34,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     accuracy_commands.register(subparsers)
+    federated.register(subparsers)
     fleet.register(subparsers)
     return parser
 

@@ -58,7 +58,7 @@ __all__ = [
 FEDERATED_DISCRETIZATION = 1e-3
 
 #: Ratio of the grid the distributed mode's per-round multipliers are rounded down to.
-ACCOUNTING_GRID = 1.01
+ACCOUNTING_GRID = 1.05
 
 
 class LocalTrainingSpec(BaseModel):
@@ -222,13 +222,17 @@ class TaskState:
     round: int = 0
     accountant_rounds: dict[float, int] = field(default_factory=dict)
     history: list[RoundRecord] = field(default_factory=list)
+    #: The multiplier was calibrated for the target over the planned rounds (see check_round).
+    calibrated: bool = False
 
     @classmethod
     def start(cls, config: TaskConfig, noise_multiplier: float | None = None) -> TaskState:
-        """A new task at round 0 with the model's initial parameters (seeded by ``seed``)."""
+        """A new task at round 0 with the model's initial parameters (seeded by ``seed``);
+        ``noise_multiplier`` overrides the configured or calibrated one."""
+        calibrated = noise_multiplier is None and config.target_epsilon is not None
         z = calibrate(config) if noise_multiplier is None else noise_multiplier
         params = make_model(config.model).init_params(np.random.default_rng(config.seed))
-        return cls(config, z, ServerState.start(params), config.clip_norm)
+        return cls(config, z, ServerState.start(params), config.clip_norm, calibrated=calibrated)
 
     @property
     def dp(self) -> DPConfig:
@@ -288,12 +292,19 @@ class TaskState:
         )
 
     def check_round(self) -> None:
-        """Raise :class:`BudgetExhaustedError` unless one more round fits the plan and budget."""
+        """Raise :class:`BudgetExhaustedError` unless one more round fits the plan and budget.
+
+        The next round is charged at its worst (the fewest clients it may close with).
+        A calibrated task needs no computation before its planned rounds are done: every
+        round is charged at a multiplier no smaller than that worst case, and the
+        calibration made the planned number of rounds at the worst case fit the target,
+        so fewer rounds fit too (epsilon grows with rounds and shrinks with noise).
+        """
         if self.round >= self.config.rounds:
             raise BudgetExhaustedError(
                 f"the task has run all of its {self.config.rounds} planned rounds"
             )
-        if not self.dp.private:
+        if not self.dp.private or self.calibrated:
             return
         worst = self.dp.accounting_noise_multiplier(self.config.min_clients)
         after = self._accountant().epsilon_after(worst)
@@ -308,7 +319,7 @@ class TaskState:
 
         Only the distributed mode's depends on the participants: ``z sqrt(m / (q W))``.
         It is rounded *down* (less noise, more epsilon: conservative) to the grid
-        ``z_min 1.01^k`` above the multiplier of the fewest clients a round may close
+        ``z_min 1.05^k`` above the multiplier of the fewest clients a round may close
         with, so that a task's rounds fall on a few distinct values and the accountant
         stays fast, while a round at ``min_clients`` is charged exactly as planned.
         """
@@ -368,6 +379,7 @@ class TaskState:
             "round": self.round,
             "accountant_rounds": [[z, n] for z, n in self.accountant_rounds.items()],
             "history": [record.__dict__ for record in self.history],
+            "calibrated": self.calibrated,
         }
 
     @classmethod
@@ -380,4 +392,5 @@ class TaskState:
             int(data["round"]),
             {float(z): int(n) for z, n in data["accountant_rounds"]},
             [RoundRecord(**record) for record in data["history"]],
+            bool(data.get("calibrated", False)),
         )

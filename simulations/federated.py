@@ -1,0 +1,464 @@
+"""``ldp-sim federated``: private federated learning, accuracy against epsilon and clients.
+
+Datasets (scikit-learn, nothing downloaded):
+
+* ``digits``: the 8x8 handwritten digits bundled with scikit-learn (1,797 images, 10
+  classes), pixels scaled to [0, 1], 20% held out for testing (fixed by ``--seed``);
+* ``synthetic``: ``make_classification`` with 20 features (10 informative) and 4
+  classes, two training examples per client plus 5,000 held out: the scale test, meant
+  for 100,000 clients.
+
+Partitions of the training examples over the clients: ``iid`` (shuffled, equal shares)
+and ``label-skew`` (sorted by label, then cut into equal consecutive shares, so that a
+client holds one or two classes: the "sort and partition" split of McMahan et al. 2017).
+
+Each run is one task (:class:`shared.federated.task.TaskState`, the same object the
+aggregator runs) in one privacy mode at one target epsilon (``inf``: clipping without
+noise), with per-mode defaults tuned on digits (``MODE_DEFAULTS``): every round each
+client takes part with probability q (Poisson sampling), trains locally from the global
+model, privatizes its update (``privatize``), and the round is aggregated and charged
+(``TaskState.close_round``). The test accuracy of the global model is recorded after
+every round. In-process by default; with ``--over-http`` the same run goes through a
+real ``ldp-aggregator serve`` (``/v1/federated``) with ``client.FederatedClient``
+devices, and the accuracy is the one the server reports for its evaluation set.
+
+Output: a table on screen; with ``--out DIR``, ``results.csv`` (one row per dataset,
+partition, clients, mode and target epsilon: ``epsilon_spent``, ``final_accuracy`` and
+the task's parameters), ``rounds.csv`` (accuracy per round), ``results.json`` and
+``accuracy.png`` (final accuracy against epsilon, one line per mode and client count,
+non-private FedAvg as a dotted reference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from tqdm import tqdm
+
+from shared.federated.fedavg import client_update
+from shared.federated.models import ModelSpec, evaluate, make_model
+from shared.federated.privacy import privatize
+from shared.federated.task import TaskConfig, TaskState
+from simulations import report
+
+__all__ = ["MODE_DEFAULTS", "Dataset", "FederatedRun", "load_dataset", "register", "run_task"]
+
+MODES = ("none", "local", "central", "distributed")
+DATASETS = ("digits", "synthetic")
+PARTITIONS = ("iid", "label-skew")
+
+
+@dataclass(frozen=True)
+class ModeDefaults:
+    """Tuned per-mode settings (on digits; see the README's table)."""
+
+    clip_norm: float
+    participation: float  # expected share of clients per round (q), capped by max_per_round
+    max_per_round: int
+    learning_rate: float
+    epochs: int
+    batch_size: int
+    server_momentum: float
+    min_share: float | None = None  # distributed: a round may close with this share of q W
+
+
+MODE_DEFAULTS: dict[str, ModeDefaults] = {
+    "none": ModeDefaults(10.0, 0.2, 1000, 0.5, 5, 8, 0.9),
+    "central": ModeDefaults(0.5, 0.2, 1000, 0.5, 5, 8, 0.9),
+    "distributed": ModeDefaults(0.5, 0.2, 1000, 0.5, 5, 8, 0.9, min_share=0.8),
+    "local": ModeDefaults(0.5, 1.0, 1000, 0.5, 5, 8, 0.9),
+}
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Training examples split over clients, and a held-out test set."""
+
+    name: str
+    partition: str
+    clients: list[tuple[np.ndarray, np.ndarray]]
+    test_x: np.ndarray
+    test_y: np.ndarray
+    num_features: int
+    num_classes: int
+
+
+def load_dataset(name: str, clients: int, partition: str, seed: int) -> Dataset:
+    """``name`` split over ``clients`` clients by ``partition`` (seeded)."""
+    rng = np.random.default_rng(seed)
+    if name == "digits":
+        from sklearn.datasets import load_digits
+
+        x, y = load_digits(return_X_y=True)
+        x = x / 16.0
+        order = rng.permutation(len(x))
+        cut = int(round(0.8 * len(x)))
+        train, test = order[:cut], order[cut:]
+        train_x, train_y, test_x, test_y = x[train], y[train], x[test], y[test]
+    elif name == "synthetic":
+        from sklearn.datasets import make_classification
+
+        held_out = 5000
+        x, y = make_classification(
+            n_samples=2 * clients + held_out, n_features=20, n_informative=10, n_redundant=2,
+            n_classes=4, n_clusters_per_class=2, class_sep=1.5, random_state=seed,
+        )  # fmt: skip
+        train_x, train_y = x[held_out:], y[held_out:]
+        test_x, test_y = x[:held_out], y[:held_out]
+    else:
+        raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
+    if partition == "iid":
+        order = rng.permutation(len(train_x))
+    elif partition == "label-skew":
+        order = np.lexsort((rng.random(len(train_y)), train_y))  # by label, random within
+    else:
+        raise ValueError(f"unknown partition {partition!r}; choose from {', '.join(PARTITIONS)}")
+    shares = np.array_split(order, clients)
+    return Dataset(
+        name,
+        partition,
+        [(train_x[s], train_y[s].astype(np.int64)) for s in shares],
+        test_x,
+        test_y.astype(np.int64),
+        int(train_x.shape[1]),
+        int(max(train_y.max(), test_y.max()) + 1),
+    )
+
+
+@dataclass
+class FederatedRun:
+    """One task's outcome."""
+
+    dataset: str
+    partition: str
+    clients: int
+    mode: str
+    target_epsilon: float
+    config: TaskConfig
+    noise_multiplier: float
+    epsilon_spent: float = 0.0
+    accuracy: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+    over_http: bool = False
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "dataset": self.dataset,
+            "partition": self.partition,
+            "clients": self.clients,
+            "mode": self.mode,
+            "target_epsilon": self.target_epsilon,
+            "epsilon_spent": self.epsilon_spent,
+            "final_accuracy": self.accuracy[-1] if self.accuracy else math.nan,
+            "best_accuracy": float(np.nanmax(self.accuracy)) if self.accuracy else math.nan,
+            "rounds": len(self.accuracy),
+            "noise_multiplier": self.noise_multiplier,
+            "clip_norm": self.config.clip_norm,
+            "clients_per_round": self.config.clients_per_round,
+            "delta": self.config.delta,
+            "over_http": self.over_http,
+            "seconds": self.seconds,
+        }
+
+
+def task_config(
+    data: Dataset, mode: str, epsilon: float, rounds: int, delta: float, model: str, seed: int
+) -> TaskConfig:
+    """The task a run trains: the mode's defaults, the target epsilon (inf: no noise)."""
+    defaults = MODE_DEFAULTS[mode]
+    population = len(data.clients)
+    per_round = min(population, max(1.0, defaults.participation * population))
+    per_round = min(per_round, defaults.max_per_round)
+    privacy: dict[str, Any] = {}
+    if mode != "none":
+        privacy = {"noise_multiplier": 0.0} if math.isinf(epsilon) else {"target_epsilon": epsilon}
+    return TaskConfig.model_validate(
+        {
+            "model": ModelSpec.model_validate(
+                {"kind": model, "num_features": data.num_features, "num_classes": data.num_classes}
+            ),
+            "mode": mode,
+            "rounds": rounds,
+            "population": population,
+            "clients_per_round": per_round,
+            "clip_norm": defaults.clip_norm,
+            "delta": delta,
+            "local_training": {
+                "epochs": defaults.epochs,
+                "batch_size": defaults.batch_size,
+                "learning_rate": defaults.learning_rate,
+            },
+            "server_momentum": defaults.server_momentum,
+            "min_clients": (
+                1
+                if defaults.min_share is None
+                else max(1, math.floor(defaults.min_share * per_round))
+            ),
+            "max_clients": population,
+            "seed": seed,
+            **privacy,
+        }
+    )
+
+
+def run_task(data: Dataset, config: TaskConfig, epsilon: float, seed: int) -> FederatedRun:
+    """Train in this process, round by round, as the aggregator would."""
+    rng = np.random.default_rng(seed)
+    state = TaskState.start(config)
+    model = make_model(config.model)
+    run = FederatedRun(
+        data.name, data.partition, len(data.clients), config.mode, epsilon, config,
+        state.noise_multiplier,
+    )  # fmt: skip
+    training = config.local_training.training()
+    started = time.perf_counter()
+    for _ in range(config.rounds):
+        sampled = np.flatnonzero(rng.random(len(data.clients)) < config.sample_rate)
+        holders = [int(i) for i in sampled if len(data.clients[i][0])]
+        if len(holders) < config.min_clients:
+            run.accuracy.append(run.accuracy[-1] if run.accuracy else math.nan)
+            continue  # too few this round: it would wait for more; skip it instead
+        rows, bits, weights = [], [], []
+        for index in holders:
+            x, y = data.clients[index]
+            update = client_update(model, state.server.params, x, y, training, rng)
+            contribution = privatize(update, state.dp, state.clip_norm, rng)
+            rows.append(contribution.update)
+            bits.append(contribution.unclipped)
+            weights.append(len(x))
+        record = state.close_round(
+            np.stack(rows), np.array(bits), np.array(weights, dtype=np.float64), rng,
+            lambda params: evaluate(model, params, data.test_x, data.test_y),
+        )  # fmt: skip
+        run.accuracy.append(record.evaluation["accuracy"])
+    run.epsilon_spent = state.epsilon()
+    run.seconds = time.perf_counter() - started
+    return run
+
+
+def run_task_over_http(
+    data: Dataset, config: TaskConfig, epsilon: float, seed: int, url: str, keys: dict[str, str]
+) -> FederatedRun:
+    """The same task through a real aggregator and ``FederatedClient`` devices."""
+    from client.federated import FederatedClient
+
+    name = f"sim-{data.name}-{data.partition}-{len(data.clients)}-{config.mode}-{epsilon:g}"
+    name = name.replace(".", "_").replace("inf", "nonoise")
+    admin = {"Authorization": f"Bearer {keys['admin']}"}
+    analyst = {"Authorization": f"Bearer {keys['analyst']}"}
+    body = {
+        "name": name,
+        "config": config.model_dump(mode="json"),
+        "evaluation": {"x": data.test_x.tolist(), "y": data.test_y.tolist()},
+    }
+    started = time.perf_counter()
+    with httpx.Client(base_url=url, timeout=120.0) as http:
+        created = http.post("/v1/federated/tasks", json=body, headers=admin)
+        if created.status_code != 201:
+            raise RuntimeError(f"creating task {name}: {created.status_code} {created.text}")
+        run = FederatedRun(
+            data.name, data.partition, len(data.clients), config.mode, epsilon, config,
+            float(created.json()["noise_multiplier"]), over_http=True,
+        )  # fmt: skip
+        seeds = np.random.SeedSequence(seed).spawn(len(data.clients))
+        devices = [
+            FederatedClient(
+                url, keys["device"], name, shard, rng=np.random.default_rng(s), http=http
+            )
+            for shard, s in zip(data.clients, seeds, strict=True)
+            if len(shard[0])
+        ]
+        for round_number in range(config.rounds):
+            info = devices[0].fetch_round()
+            uploaded = sum(device.run_round(info).uploaded for device in devices)
+            if uploaded >= config.min_clients:
+                closed = http.post(f"/v1/federated/tasks/{name}/close", headers=admin)
+                if closed.status_code != 200:
+                    raise RuntimeError(f"closing round {round_number}: {closed.text}")
+            status = http.get(f"/v1/federated/tasks/{name}", headers=analyst).json()
+            evaluation = status.get("evaluation") or {}
+            run.accuracy.append(float(evaluation.get("accuracy", math.nan)))
+            if status["state"] != "running":
+                break
+        epsilon_spent = status["epsilon_spent"]
+        run.epsilon_spent = math.inf if epsilon_spent is None else float(epsilon_spent)
+    run.seconds = time.perf_counter() - started
+    return run
+
+
+# --- command line ------------------------------------------------------------------------
+
+
+def _list(kind: Any, choices: tuple[str, ...] | None = None) -> Any:
+    def parse(text: str) -> list[Any]:
+        items = [part.strip() for part in text.split(",") if part.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError("expected a comma-separated list")
+        for item in items:
+            if choices is not None and item not in choices:
+                raise argparse.ArgumentTypeError(
+                    f"unknown value {item!r}; choose from {', '.join(choices)}"
+                )
+        try:
+            values = [kind(item) for item in items]
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+        return values
+
+    return parse
+
+
+def _epsilon(text: str) -> float:
+    value = float(text)
+    if not value > 0 or math.isnan(value):
+        raise ValueError(f"epsilon {text!r} must be a number > 0 or inf")
+    return value
+
+
+def _clients(text: str) -> int:
+    value = int(float(text))
+    if value < 1:
+        raise ValueError(f"client count {text!r} must be >= 1")
+    return value
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``federated`` subcommand."""
+    parser = subparsers.add_parser(
+        "federated",
+        help="private federated learning: accuracy against epsilon and clients",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--datasets", type=_list(str, DATASETS), default=["digits"])
+    parser.add_argument("--clients", type=_list(_clients), default=[100, 1000])
+    parser.add_argument("--partition", type=_list(str, PARTITIONS), default=["iid"])
+    parser.add_argument("--modes", type=_list(str, MODES), default=list(MODES))
+    parser.add_argument(
+        "--epsilons", type=_list(_epsilon), default=[1.0, 3.0, 8.0, math.inf],
+        help="target epsilons; inf: clipping without noise",
+    )  # fmt: skip
+    parser.add_argument("--rounds", type=_clients, default=100)
+    parser.add_argument("--delta", type=float, default=1e-5)
+    parser.add_argument("--model", choices=["logistic", "mlp"], default="logistic")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="directory for the CSV, JSON and plot")
+    parser.add_argument("--over-http", action="store_true", help="through a real aggregator")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(run=_run, command_parser=parser)
+
+
+def _plan(args: argparse.Namespace) -> list[tuple[str, int, str, str, float]]:
+    plan = []
+    for dataset in args.datasets:
+        for clients in args.clients:
+            for partition in args.partition:
+                for mode in args.modes:
+                    for epsilon in [math.inf] if mode == "none" else args.epsilons:
+                        plan.append((dataset, clients, partition, mode, epsilon))
+    return plan
+
+
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if not 0 < args.delta < 1:
+        parser.error(f"--delta must lie in (0, 1), got {args.delta}")
+    plan = _plan(args)
+    runs: list[FederatedRun] = []
+    server = None
+    workdir = tempfile.TemporaryDirectory(prefix="ldp-sim-federated-")
+    try:
+        if args.over_http:
+            from simulations.server import start_server
+
+            server = start_server(
+                str(Path(workdir.name) / "aggregator.sqlite3"), Path(workdir.name)
+            )
+        loaded: dict[tuple[str, int, str], Dataset] = {}
+        for dataset, clients, partition, mode, epsilon in tqdm(
+            plan, desc="federated tasks", disable=args.quiet, unit="task"
+        ):
+            key = (dataset, clients, partition)
+            if key not in loaded:
+                loaded[key] = load_dataset(dataset, clients, partition, args.seed)
+            data = loaded[key]
+            try:
+                config = task_config(
+                    data, mode, epsilon, args.rounds, args.delta, args.model, args.seed
+                )
+            except ValueError as error:
+                parser.error(f"{dataset} over {clients} clients, {mode}: {error}")
+            if server is None:
+                runs.append(run_task(data, config, epsilon, args.seed))
+            else:
+                runs.append(
+                    run_task_over_http(data, config, epsilon, args.seed, server.url, server.keys)
+                )
+    finally:
+        if server is not None:
+            server.stop()
+        workdir.cleanup()
+    rows = [run.row() for run in runs]
+    columns = [
+        "dataset", "partition", "clients", "mode", "target_epsilon", "epsilon_spent",
+        "final_accuracy", "best_accuracy", "noise_multiplier", "clients_per_round", "seconds",
+    ]  # fmt: skip
+    print(report.format_table(rows, columns))
+    if args.out is not None:
+        report.write_csv(args.out / "results.csv", rows)
+        per_round = [
+            {**{k: run.row()[k] for k in ("dataset", "partition", "clients", "mode",
+                                          "target_epsilon")}, "round": i + 1, "accuracy": a}
+            for run in runs
+            for i, a in enumerate(run.accuracy)
+        ]  # fmt: skip
+        report.write_csv(args.out / "rounds.csv", per_round)
+        report.write_json(args.out / "results.json", {"runs": rows, "rounds": per_round})
+        plot_accuracy(rows, args.out / "accuracy.png")
+        print(f"wrote {args.out / 'results.csv'}, rounds.csv, results.json and accuracy.png")
+    return 0
+
+
+def plot_accuracy(rows: list[dict[str, Any]], path: Path) -> None:
+    """Final accuracy against epsilon (inf drawn at the right edge), per mode and clients."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    finite = sorted({r["target_epsilon"] for r in rows if math.isfinite(r["target_epsilon"])})
+    right = (max(finite) * 2) if finite else 1.0
+    figure, axes = plt.subplots(figsize=(7, 4.6))
+    groups: dict[tuple[str, int, str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(
+            (row["mode"], row["clients"], row["dataset"], row["partition"]), []
+        ).append(row)
+    for index, ((mode, clients, dataset, partition), group) in enumerate(sorted(groups.items())):
+        label = f"{mode}, {clients} clients ({dataset}, {partition})"
+        points = sorted(group, key=lambda r: r["target_epsilon"])
+        xs = [r["target_epsilon"] if math.isfinite(r["target_epsilon"]) else right for r in points]
+        ys = [r["final_accuracy"] for r in points]
+        if mode == "none":
+            axes.axhline(ys[0], linestyle=":", color=f"C{index % 10}", label=label)
+        else:
+            axes.plot(xs, ys, "o-", color=f"C{index % 10}", label=label)
+    axes.set_xscale("log")
+    ticks = finite + [right]
+    axes.set_xticks(ticks, [f"{t:g}" for t in finite] + ["inf"])
+    axes.set_xlabel("target epsilon (delta fixed)")
+    axes.set_ylabel("final test accuracy")
+    axes.set_ylim(0, 1)
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize="x-small", loc="lower right")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
