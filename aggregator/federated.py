@@ -32,33 +32,28 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import Any, Literal
-from uuid import UUID
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from aggregator import observability as obs
-from aggregator.registry import METRIC_NAME
 from aggregator.storage import Storage, TaskChange, TaskRow, UpdateRow
-from shared.federated.models import ModelSpec, evaluate, make_model
+from shared.federated.messages import (
+    EvaluationSet,
+    RoundOut,
+    RoundRecordOut,
+    TaskCreate,
+    TaskStatus,
+    UpdateAccepted,
+    UpdateUpload,
+    encode_vector,
+)
+from shared.federated.models import evaluate, make_model
 from shared.federated.task import BudgetExhaustedError, TaskConfig, TaskState
 
-__all__ = [
-    "EvaluationSet",
-    "Federated",
-    "FederatedError",
-    "RoundOut",
-    "TaskCreate",
-    "TaskStatus",
-    "UpdateAccepted",
-    "UpdateUpload",
-]
+__all__ = ["Federated", "FederatedError"]
 
 logger = logging.getLogger("ldp.aggregator")
-TaskStatusName = Literal["running", "completed", "budget_exhausted"]
-#: Largest public evaluation set a task may carry (rows).
-MAX_EVALUATION_ROWS = 100_000
 
 
 class FederatedError(Exception):
@@ -76,115 +71,8 @@ class FederatedError(Exception):
         self.status, self.kind, self.title, self.problems = status, kind, title, problems
 
 
-class EvaluationSet(BaseModel):
-    """A public evaluation set: the server reports the global model's accuracy on it."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    x: list[list[float]] = Field(min_length=1, max_length=MAX_EVALUATION_ROWS)
-    y: list[int] = Field(min_length=1, max_length=MAX_EVALUATION_ROWS)
-
-    @model_validator(mode="after")
-    def _same_rows(self) -> EvaluationSet:
-        if len(self.x) != len(self.y):
-            raise ValueError(f"x has {len(self.x)} rows but y has {len(self.y)} labels")
-        if len({len(row) for row in self.x}) != 1:
-            raise ValueError("every row of x must have the same number of features")
-        return self
-
-    def check(self, model: ModelSpec) -> None:
-        if len(self.x[0]) != model.num_features:
-            raise ValueError(
-                f"evaluation rows have {len(self.x[0])} features; the model takes "
-                f"{model.num_features}"
-            )
-        if min(self.y) < 0 or max(self.y) >= model.num_classes:
-            raise ValueError(f"evaluation labels must lie in 0..{model.num_classes - 1}")
-        if not np.all(np.isfinite(np.asarray(self.x, dtype=np.float64))):
-            raise ValueError("evaluation features must be finite numbers")
-
-
-class TaskCreate(BaseModel):
-    """``POST /v1/federated/tasks``: a name, the task's configuration, an evaluation set."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(pattern=METRIC_NAME.pattern, max_length=64)
-    config: TaskConfig
-    evaluation: EvaluationSet | None = None
-
-
-class RoundRecordOut(BaseModel):
-    round: int
-    participants: int
-    clip_norm: float
-    epsilon: float | None = Field(description="spent after the round; null when unbounded")
-    unclipped_fraction: float | None
-    evaluation: dict[str, float]
-
-
-class TaskStatus(BaseModel):
-    """What a task has done and spent."""
-
-    name: str
-    mode: str
-    state: TaskStatusName
-    round: int = Field(description="rounds closed so far (the open round's number)")
-    rounds: int = Field(description="rounds planned")
-    epsilon_spent: float | None = Field(description="at delta; null when unbounded (no noise)")
-    budget: float | None = Field(description="the task's epsilon budget; null when unbounded")
-    delta: float
-    noise_multiplier: float
-    clip_norm: float
-    updates_received: int = Field(description="uploads in the open round")
-    deadline: float = Field(description="the open round's deadline (Unix seconds)")
-    participants: list[int]
-    history: list[RoundRecordOut]
-    evaluation: dict[str, float] | None = Field(description="the latest round's evaluation")
-    config: TaskConfig
-
-
-class RoundOut(BaseModel):
-    """``GET .../round``: what a device needs to take part in the open round."""
-
-    task: str
-    round: int
-    state: TaskStatusName
-    config: TaskConfig
-    noise_multiplier: float
-    clip_norm: float
-    sample_rate: float
-    expected_clients: float
-    num_params: int
-    parameters: str = Field(description="base64 of the parameters as little-endian float64")
-    deadline: float
-
-
-class UpdateUpload(BaseModel):
-    """``POST .../updates``: one device's privatized update for one round."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    update_id: UUID
-    round: int = Field(ge=0)
-    update: str = Field(description="base64 of little-endian float64, num_params values")
-    unclipped: float = Field(default=0.0, allow_inf_nan=False, ge=-1e6, le=1e6)
-    num_examples: int = Field(default=1, ge=1, le=2**31 - 1)
-
-
-class UpdateAccepted(BaseModel):
-    accepted: bool
-    duplicate: bool
-    round: int
-    updates_received: int
-
-
 def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
-
-
-def encode_vector(vector: np.ndarray) -> str:
-    return base64.b64encode(np.asarray(vector, dtype="<f8").tobytes()).decode("ascii")
 
 
 class Federated:

@@ -24,17 +24,10 @@ from fastapi.concurrency import run_in_threadpool
 
 from aggregator import observability as obs
 from aggregator.deps import Admin, Analyst, Device
-from aggregator.federated import (
-    Federated,
-    FederatedError,
-    RoundOut,
-    TaskCreate,
-    TaskStatus,
-    UpdateAccepted,
-    UpdateUpload,
-)
+from aggregator.federated import Federated, FederatedError
 from aggregator.problems import ProblemError
 from aggregator.registry import METRIC_NAME
+from shared.federated.messages import RoundOut, TaskCreate, TaskStatus, UpdateAccepted, UpdateUpload
 
 __all__ = ["add_federated_routes"]
 

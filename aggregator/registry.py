@@ -15,17 +15,16 @@ ever. A change of description alone updates the current version in place.
 
 from __future__ import annotations
 
-import re
 import tomllib
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from shared.schemas import MechanismSpec
+from shared.schemas import NAME_PATTERN, MechanismSpec
 
 #: Metric names: lower-case letters, digits, '.', '_' and '-', starting with a letter or digit.
-METRIC_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+METRIC_NAME = NAME_PATTERN
 #: Longest label (category name or RAPPOR candidate string).
 MAX_LABEL_LENGTH = 512
 #: Most RAPPOR candidate strings a metric may list.

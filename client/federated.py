@@ -23,7 +23,6 @@ and its gradient, a prediction) of the same size.
 
 from __future__ import annotations
 
-import base64
 import os
 import random
 import time
@@ -37,6 +36,7 @@ import numpy as np
 
 from client.transport import RETRYABLE_STATUS, RetryPolicy, retry_after_seconds
 from shared.federated.fedavg import client_update
+from shared.federated.messages import RoundOut, UpdateUpload, decode_vector, encode_vector
 from shared.federated.models import Model, make_model
 from shared.federated.privacy import DPConfig, privatize
 from shared.federated.task import TaskConfig
@@ -69,19 +69,20 @@ class RoundInfo:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RoundInfo:
-        parameters = np.frombuffer(base64.b64decode(data["parameters"]), dtype="<f8")
-        if parameters.size != int(data["num_params"]):
+        message = RoundOut.model_validate(data)
+        parameters = decode_vector(message.parameters)
+        if parameters.size != message.num_params:
             raise FederatedError("the served parameters do not match num_params")
         return cls(
-            task=str(data["task"]),
-            round=int(data["round"]),
-            config=TaskConfig.model_validate(data["config"]),
-            noise_multiplier=float(data["noise_multiplier"]),
-            clip_norm=float(data["clip_norm"]),
-            sample_rate=float(data["sample_rate"]),
-            expected_clients=float(data["expected_clients"]),
-            parameters=parameters.astype(np.float64),
-            deadline=float(data["deadline"]),
+            task=message.task,
+            round=message.round,
+            config=message.config,
+            noise_multiplier=message.noise_multiplier,
+            clip_norm=message.clip_norm,
+            sample_rate=message.sample_rate,
+            expected_clients=message.expected_clients,
+            parameters=parameters,
+            deadline=message.deadline,
         )
 
     def dp(self) -> DPConfig:
@@ -171,13 +172,13 @@ class FederatedClient:
         generator = self.rng or np.random.default_rng(int.from_bytes(os.urandom(16), "big"))
         update = client_update(model, info.parameters, self._x, self._y, training, generator)
         contribution = privatize(update, info.dp(), info.clip_norm, self.rng)
-        body = {
-            "update_id": str(uuid.uuid4()),
-            "round": info.round,
-            "update": base64.b64encode(contribution.update.astype("<f8").tobytes()).decode(),
-            "unclipped": contribution.unclipped,
-            "num_examples": int(self._x.shape[0]),
-        }
+        body = UpdateUpload(
+            update_id=uuid.uuid4(),
+            round=info.round,
+            update=encode_vector(contribution.update),
+            unclipped=contribution.unclipped,
+            num_examples=int(self._x.shape[0]),
+        ).model_dump(mode="json")
         uploaded = self._upload(body)
         return RoundResult(info.round, participated=True, uploaded=uploaded)
 

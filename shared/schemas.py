@@ -14,6 +14,7 @@ epsilon is derived from them, see ``rappor_epsilon_one``).
 from __future__ import annotations
 
 import math
+import re
 from typing import Literal, TypeAlias
 
 from pydantic import (
@@ -33,6 +34,10 @@ StringName: TypeAlias = Literal["rappor"]
 MechanismName: TypeAlias = Literal[
     "grr", "sue", "oue", "olh", "hr", "auto", "laplace", "duchi", "piecewise", "rappor"
 ]
+
+#: Names of metrics and federated tasks: lower-case letters, digits, '.', '_' and '-',
+#: starting with a letter or digit, at most 64 characters.
+NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
 CATEGORICAL_MECHANISMS: frozenset[str] = frozenset(CategoricalName.__args__)  # type: ignore[attr-defined]
 NUMERIC_MECHANISMS: frozenset[str] = frozenset(NumericName.__args__)  # type: ignore[attr-defined]
