@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from tqdm import tqdm
 
-__all__ = ["run_units"]
+__all__ = ["local_cluster", "run_units"]
 
 UnitT = TypeVar("UnitT")
 ResultT = TypeVar("ResultT")
@@ -52,6 +52,24 @@ def run_units(
         bar.close()
 
 
+def local_cluster(workers: int) -> Any:
+    """A ``dask.distributed.LocalCluster`` of ``workers`` single-threaded processes.
+
+    Dask's nanny normally starts workers with ``MALLOC_TRIM_THRESHOLD_`` set, which turns
+    off glibc's adaptive mmap threshold: every large numpy array (an exact-path chunk is
+    tens of MB) is then mapped and zeroed afresh, and encoding ran at half speed in a
+    worker (measured: 1M OUE users, d = 1024, 2.3 s in a worker against 1.1 s in this
+    process). The workers here start with the allocator's defaults instead.
+    """
+    import dask
+    from dask.distributed import LocalCluster
+
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": {}}):
+        return LocalCluster(
+            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None
+        )
+
+
 def _run_on_dask(
     function: Callable[[UnitT], ResultT],
     units: Sequence[UnitT],
@@ -59,13 +77,11 @@ def _run_on_dask(
     scheduler: str | None,
     bar: Any,
 ) -> list[ResultT]:
-    from dask.distributed import Client, LocalCluster, as_completed
+    from dask.distributed import Client, as_completed
 
     cluster = None
     if scheduler is None:
-        cluster = LocalCluster(
-            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None
-        )
+        cluster = local_cluster(workers)
         client = Client(cluster)
     else:
         try:
