@@ -29,7 +29,7 @@ import numpy as np
 from client.ledger import BudgetLimits, BudgetStatus, PrivacyLedger
 from client.outbox import Outbox
 from client.specs import MetricSpec, SpecCache, SpecError
-from client.transport import RetryPolicy, Uploader
+from client.transport import RetryPolicy, Uploader, batch_body
 from shared.mechanisms import Mechanism, Rappor, make_mechanism
 
 
@@ -180,8 +180,10 @@ class TelemetryClient:
             raise ValueError("GET /v1/metrics did not return a list")
         return items
 
-    def _post_batch(self, reports: list[dict[str, object]]) -> httpx.Response:
-        return self._http.post("/v1/reports", json={"reports": reports})
+    def _post_batch(self, texts: list[str]) -> httpx.Response:
+        return self._http.post(
+            "/v1/reports", content=batch_body(texts), headers={"Content-Type": "application/json"}
+        )
 
     def _tick(self) -> None:
         self._specs.refresh()

@@ -121,8 +121,14 @@ def client(fake: FakeAggregator, tmp_path: Path) -> Iterator[TelemetryClient]:
         telemetry.close(timeout=0.5)
 
 
-def queued_reports(state_dir: Path) -> list[dict[str, Any]]:
-    """The outbox's content, oldest first, read through a second connection."""
+def queued_reports(client: TelemetryClient) -> list[dict[str, Any]]:
+    """The outbox's committed content, oldest first. (The client holds the outbox's file
+    exclusively while open; the crash tests read it from disk after a kill -9.)"""
+    return [queued.body for queued in client._outbox.peek(1_000_000)]
+
+
+def stored_reports(state_dir: Path) -> list[dict[str, Any]]:
+    """The outbox's content on disk, read through a new connection (client closed)."""
     outbox = Outbox(state_dir)
     try:
         return [queued.body for queued in outbox.peek(1_000_000)]
@@ -178,7 +184,7 @@ def test_every_queued_report_is_a_wire_report_and_nothing_more(
     after = datetime.now(UTC)
     assert client.queued == len(metrics)
 
-    reports = queued_reports(tmp_path)
+    reports = queued_reports(client)
     assert [report["metric"] for report in reports] == metrics
     assert len({report["report_id"] for report in reports}) == len(reports)
     for report in reports:
@@ -253,7 +259,7 @@ def test_bad_values_raise_and_spend_and_queue_nothing(
     assert after.spent_lifetime == before.spent_lifetime
     assert after.reserved == before.reserved
     assert client.queued == queued
-    assert len(queued_reports(tmp_path)) == queued
+    assert len(queued_reports(client)) == queued
 
 
 def _raw_forms(number: float) -> list[bytes]:
@@ -362,7 +368,7 @@ def test_corrupt_ledger_stops_all_reports(fake: FakeAggregator, tmp_path: Path) 
         client.close(timeout=5.0)
     with pytest.raises(LedgerCorruptError):
         fake.client(tmp_path)
-    assert len(queued_reports(tmp_path)) == 0  # the earlier report was still delivered
+    assert len(stored_reports(tmp_path)) == 0  # the earlier report was still delivered
     assert len(fake.batches) == 1
 
 

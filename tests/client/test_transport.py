@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from client.outbox import Outbox
-from client.transport import RetryPolicy, Uploader
+from client.transport import RetryPolicy, Uploader, batch_body
 
 #: Upload interval that keeps the background thread asleep unless it is woken.
 QUIET = 3600.0
@@ -58,8 +58,10 @@ class ScriptedAggregator:
             base_url="http://aggregator.test", transport=httpx.MockTransport(self._handle)
         )
 
-    def post(self, reports: list[dict[str, object]]) -> httpx.Response:
-        return self.http.post("/v1/reports", json={"reports": reports})
+    def post(self, texts: list[str]) -> httpx.Response:
+        return self.http.post(
+            "/v1/reports", content=batch_body(texts), headers={"Content-Type": "application/json"}
+        )
 
     def _handle(self, request: httpx.Request) -> httpx.Response:
         assert request.method == "POST" and request.url.path == "/v1/reports"
@@ -244,17 +246,14 @@ def test_retry_after_holds_when_flush_and_the_background_thread_meet(
     outbox: Outbox, start: Callable
 ) -> None:
     """``flush`` decides to send while the background thread's upload is in flight; that
-    upload then gets 503 with Retry-After. The next upload must still wait.
-
-    Fails at present: ``flush`` checks the backoff before taking the send lock and
-    ``_send_once`` does not check it again, so the waiting ``flush`` posts the batch
-    again at once, however long Retry-After asked for.
+    upload then gets 503 with Retry-After. The next upload must still wait: ``flush``
+    checks the backoff before taking the send lock, so ``_send_once`` checks it again.
     """
     outbox.add([report(n) for n in range(2)])
     in_flight, answer = threading.Event(), threading.Event()
     calls: list[float] = []
 
-    def post(reports: list[dict[str, object]]) -> httpx.Response:
+    def post(reports: list[str]) -> httpx.Response:
         calls.append(time.monotonic())
         if len(calls) == 1:  # the background thread's upload
             in_flight.set()
