@@ -37,6 +37,7 @@ Rng: TypeAlias = np.random.Generator | None
 DIRECT_BERNOULLI_WORDS = 64
 _BITS53 = 1 << 53
 _WORD_DTYPE = np.dtype(np.uint64)
+_WORD_MAX = np.iinfo(np.uint64).max
 
 
 def threshold53(p: float | npt.ArrayLike) -> np.ndarray:
@@ -80,6 +81,28 @@ class RandomSource:
         return self._rng.integers(
             0, np.iinfo(np.uint64).max, size=size, dtype=np.uint64, endpoint=True
         )
+
+    def word(self) -> int:
+        """One uniform 64-bit word, as a Python int (the scalar form of ``words``)."""
+        if self._rng is None:
+            return int.from_bytes(os.urandom(8), "little")
+        return int(self._rng.integers(0, _WORD_MAX, dtype=np.uint64, endpoint=True))
+
+    def below(self, high: int) -> int:
+        """One integer exactly uniform on ``{0, ..., high - 1}`` (the scalar ``integers``):
+        masked words below the next power of two, rejected while >= high."""
+        if isinstance(high, bool) or high < 1:
+            raise ValueError(f"below() needs high >= 1, got {high!r}")
+        mask = (1 << (high - 1).bit_length()) - 1
+        while True:
+            draw = self.word() & mask
+            if draw < high:
+                return draw
+
+    def bernoulli_one(self, threshold: int) -> bool:
+        """One draw, True with probability ``threshold / 2**53`` (``threshold53(p)``): the
+        scalar form of ``bernoulli``, a uniform 53-bit integer compared with it."""
+        return (self.word() >> 11) < threshold
 
     def integers(self, high: int | npt.ArrayLike, size: int | None = None) -> np.ndarray:
         """Exactly uniform integers on ``{0, ..., high - 1}``; ``high`` may be an array."""
@@ -125,8 +148,9 @@ class RandomSource:
             return np.frombuffer(os.urandom(size), dtype=np.uint8).copy()
         return self._rng.integers(0, 256, size=size, dtype=np.uint8)
 
-    def _bernoulli_by_bytes(self, threshold: int, size: int) -> np.ndarray:
-        """``size`` booleans, each ``V < 8 T`` for V uniform on 56 bits, drawn a byte at a time.
+    def bernoulli_bytewise(self, threshold: int, size: int) -> np.ndarray:
+        """``size`` booleans, each True with probability ``T / 2**53`` (``T = threshold``,
+        from ``threshold53``): ``V < 8 T`` for V uniform on 56 bits, drawn a byte at a time.
 
         P(V < 8 T) = 8 T / 2^56 = T / 2^53, exactly the 53-bit comparison's probability. V's
         top byte is drawn first and decides the lane unless it equals 8 T's (probability
@@ -168,7 +192,7 @@ class RandomSource:
         are decided, so the expected cost is about 8 random words per 64 bits
         instead of one 53-bit draw per bit. Small matrices (at most
         ``DIRECT_BERNOULLI_WORDS`` words, e.g. one report of up to 4096 bits) compare one
-        byte-wise lazily drawn 56-bit V per bit with 8 T instead (``_bernoulli_by_bytes``):
+        byte-wise lazily drawn 56-bit V per bit with 8 T instead (``bernoulli_bytewise``):
         the same distribution, about one random byte per bit, without the word loop.
         """
         nbytes = (bits + 7) // 8
@@ -178,7 +202,7 @@ class RandomSource:
         if threshold == _BITS53:
             result[:] = np.iinfo(np.uint64).max
         elif threshold > 0 and total <= DIRECT_BERNOULLI_WORDS:
-            result = np.packbits(self._bernoulli_by_bytes(threshold, 64 * total)).view(np.uint64)
+            result = np.packbits(self.bernoulli_bytewise(threshold, 64 * total)).view(np.uint64)
         elif threshold > 0:
             for start in range(0, total, _BLOCK_WORDS):  # cache-sized blocks
                 _lazy_compare(self, threshold, result[start : start + _BLOCK_WORDS])

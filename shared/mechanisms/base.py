@@ -161,6 +161,9 @@ def check_integer_field(payloads: list[dict[str, Any]], field: str) -> np.ndarra
 
 def as_index_array(values: np.ndarray, size: int, what: str = "value") -> np.ndarray:
     """Validate category indices in 0..size-1 and return them as int64."""
+    if type(values) is np.ndarray and values.shape == (1,) and values.dtype == np.int64:
+        if 0 <= int(values[0]) < size:  # one device's value, already int64: nothing to convert
+            return values
     array = np.asarray(values)
     if array.ndim != 1:
         raise ValueError(f"{what}s must be a one-dimensional array, got shape {array.shape}")

@@ -16,6 +16,7 @@ Sufficient statistics: the histogram of reported values.
 from __future__ import annotations
 
 import math
+from functools import cached_property
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from shared.mechanisms.categorical import (
     check_true_counts,
     require_enumerable,
 )
-from shared.randomness import RandomSource, Rng, as_source, exact_probability
+from shared.randomness import RandomSource, Rng, as_source, exact_probability, threshold53
 from shared.statistics import CountStatistics
 
 
@@ -54,7 +55,17 @@ class GeneralizedRandomizedResponse(IndexReports, CategoricalMechanism):
 
     def encode(self, values: np.ndarray, rng: Rng = None) -> np.ndarray:
         values = as_index_array(values, self.domain_size)
+        if values.size == 1:  # one device's value: the same two steps on Python ints
+            source = as_source(rng)
+            keep = source.bernoulli_one(self._keep_threshold)
+            return np.array([values[0] if keep else source.below(self.domain_size)], np.int64)
         return k_ary_response(values, self.domain_size, self.p, as_source(rng))
+
+    @cached_property
+    def _keep_threshold(self) -> int:
+        """``threshold53`` of k_ary_response's keep probability (p d - 1) / (d - 1)."""
+        d = self.domain_size
+        return int(threshold53((self.p * d - 1) / (d - 1)))
 
     def check_reports(self, reports: np.ndarray) -> np.ndarray:
         return as_index_array(reports, self.domain_size, "reported value")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import math
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,7 @@ from shared.mechanisms.categorical import (
     check_true_counts,
     require_enumerable,
 )
-from shared.randomness import Rng, as_source, exact_probability
+from shared.randomness import Rng, as_source, exact_probability, threshold53
 from shared.statistics import CountStatistics
 
 #: Bytes of packed rows summed at once by ``bit_sums`` (fits in cache; memory stays bounded).
@@ -93,6 +94,11 @@ class UnaryEncoding(CategoricalMechanism):
 
     payload_fields = frozenset({"bits"})
 
+    @cached_property
+    def _thresholds(self) -> tuple[int, int]:
+        """``threshold53`` of p and of q."""
+        return int(threshold53(self.p)), int(threshold53(self.q))
+
     @property
     def row_bytes(self) -> int:
         return (self.domain_size + 7) // 8
@@ -100,6 +106,10 @@ class UnaryEncoding(CategoricalMechanism):
     def encode(self, values: np.ndarray, rng: Rng = None) -> np.ndarray:
         values = as_index_array(values, self.domain_size)
         source = as_source(rng)
+        if values.size == 1:  # one device's report: one byte-wise draw per bit, then pack
+            flags = source.bernoulli_bytewise(self._thresholds[1], self.domain_size)
+            flags[values[0]] = source.bernoulli_one(self._thresholds[0])
+            return np.packbits(flags).reshape(1, self.row_bytes)
         reports = source.bernoulli_bits(self.q, values.size, self.domain_size)
         true_bits = source.bernoulli(self.p, values.size)
         flat = reports.reshape(-1)
