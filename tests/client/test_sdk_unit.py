@@ -31,6 +31,7 @@ from client import (
 )
 from client.ledger import LEDGER_FILE, PrivacyLedger
 from client.outbox import OUTBOX_FILE, Outbox
+from client.sdk import random_uuid4
 from client.specs import SPECS_FILE
 from shared.mechanisms import make_mechanism
 from shared.schemas import MechanismSpec
@@ -396,3 +397,18 @@ def test_close_releases_the_outbox_even_when_the_ledger_is_corrupt(
     with contextlib.suppress(LedgerCorruptError):
         client.close(timeout=5.0)
     assert not (tmp_path / f"{OUTBOX_FILE}-wal").exists()
+
+
+def test_report_ids_are_random_version_4_uuids() -> None:
+    """Every id parses as a version 4, RFC variant UUID and round-trips as text; the 122
+    random bits are uniform: each hex digit outside the fixed ones takes every value
+    (over 20,000 ids, a value of a digit is missing with probability 16 * (15/16)^20000)."""
+    ids = [random_uuid4() for _ in range(20_000)]
+    assert len(set(ids)) == len(ids)
+    for text in ids[:1000]:
+        parsed = uuid.UUID(text)
+        assert parsed.version == 4 and parsed.variant == uuid.RFC_4122 and str(parsed) == text
+    digits = np.array([list(text.replace("-", "")) for text in ids])
+    for position in set(range(32)) - {12, 16}:  # the version digit and the variant digit
+        assert len(set(digits[:, position])) == 16
+    assert set(digits[:, 12]) == {"4"} and set(digits[:, 16]) == set("89ab")
