@@ -66,11 +66,11 @@ class Outbox:
         # lock keeps the WAL index in memory, which makes each commit cheaper.
         self._db.execute("PRAGMA locking_mode=EXCLUSIVE")
         # A report is a few hundred bytes: small pages make each commit's WAL frame small
-        # (applies to a new file), and rarer checkpoints amortize copying them back.
+        # (applies to a new file); the default checkpoint every 1000 frames then copies
+        # 1 MiB, a pause of a few milliseconds (10000 frames measured 15-20 ms).
         self._db.execute("PRAGMA page_size=1024")
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA wal_autocheckpoint=10000")
         self._db.execute("PRAGMA busy_timeout=30000")
         with self._transaction():
             for statement in _SCHEMA:
