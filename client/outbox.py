@@ -5,7 +5,7 @@ metric, version, payload, hour); raw values never are. ``add`` commits before it
 returns, so a report survives the app's crash or restart (WAL with
 ``synchronous=NORMAL``: a committed report survives a process crash; a power cut can
 lose the last moments, never the ledger's debit, which is fsynced). Reports leave only
-by ``remove`` after an acknowledgement, so a retry sends the very same reports (same
+by ``discard`` after an acknowledgement, so a retry sends the very same reports (same
 ids, same randomness). Bounded by count and bytes: when full, the oldest reports are
 dropped and counted in ``dropped`` (the app is never blocked).
 """
@@ -21,6 +21,16 @@ from pathlib import Path
 from typing import Any
 
 OUTBOX_FILE = "outbox.sqlite3"
+
+#: The wire JSON of a report: compact, ASCII, no NaN (one encoder, not one per call).
+_encode_json = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+_INSERT = "INSERT INTO outbox (seq, report_id, body, size) VALUES (?, ?, ?, ?)"
+#: The oldest reports as one request body, assembled by SQLite (the order of the reports
+#: inside the body is not specified, nor needed: the same rows, and only they, are sent).
+_TAKE = (
+    "SELECT min(seq), max(seq), count(*), '{\"reports\":[' || group_concat(body, ',') || ']}'"
+    " FROM (SELECT seq, body FROM outbox ORDER BY seq LIMIT ?)"
+)
 
 _SCHEMA = (
     # seq is assigned here, increasing within a process (no AUTOINCREMENT table, no index on
@@ -49,6 +59,17 @@ class QueuedReport:
         return parsed
 
 
+@dataclass(frozen=True)
+class Batch:
+    """The oldest ``count`` queued reports, ``seq`` from ``first`` to ``last``, as the body
+    of ``POST /v1/reports`` (``{"reports": [...]}``, UTF-8)."""
+
+    first: int
+    last: int
+    count: int
+    body: bytes
+
+
 class Outbox:
     """A durable FIFO of wire reports, bounded by ``max_reports`` and ``max_bytes``."""
 
@@ -66,12 +87,21 @@ class Outbox:
         # lock keeps the WAL index in memory, which makes each commit cheaper.
         self._db.execute("PRAGMA locking_mode=EXCLUSIVE")
         # A report is a few hundred bytes: small pages make each commit's WAL frame small
-        # (applies to a new file); the default checkpoint every 1000 frames then copies
-        # 1 MiB, a pause of a few milliseconds (10000 frames measured 15-20 ms).
+        # (applies to a new file). A checkpoint syncs the WAL and the database file: every
+        # 4000 frames (4 MiB) costs a record about 1.5 us on average less than SQLite's
+        # default of 1000, for a pause of about 5 ms where 1000 pauses for 3 (10000: 15-20).
         self._db.execute("PRAGMA page_size=1024")
         self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA wal_autocheckpoint=4000")
         self._db.execute("PRAGMA synchronous=NORMAL")
+        # Freed pages are not zeroed (some builds default to secure_delete=ON): they held
+        # only perturbed reports, already sent, and zeroing them tripled the cost of
+        # deleting an acknowledged batch (2.1 ms to 0.7 ms for 512 reports), during which
+        # record() waits for the connection.
+        self._db.execute("PRAGMA secure_delete=FAST")
         self._db.execute("PRAGMA busy_timeout=30000")
+        # The cursor of record()'s single-report insert, kept rather than made per call.
+        self._insert = self._db.cursor()
         with self._transaction():
             for statement in _SCHEMA:
                 self._db.execute(statement)
@@ -84,28 +114,29 @@ class Outbox:
 
     def add(self, reports: Sequence[dict[str, Any]]) -> int:
         """Queue wire reports durably; returns how many old reports were dropped for room."""
-        texts = [json.dumps(report, separators=(",", ":"), allow_nan=False) for report in reports]
+        texts = [_encode_json(report) for report in reports]
         added = sum(len(text) for text in texts)
         with self._lock:
-            first, self._next_seq = self._next_seq, self._next_seq + len(texts)
+            first = self._next_seq
+            if (
+                len(texts) == 1
+                and self._count < self.max_reports
+                and self._bytes + added <= self.max_bytes
+            ):  # one statement is its own transaction: one commit
+                self._insert.execute(_INSERT, (first, reports[0]["report_id"], texts[0], added))
+                self._next_seq, self._count, self._bytes = (
+                    first + 1,
+                    self._count + 1,
+                    self._bytes + added,
+                )
+                return 0
+            self._next_seq = first + len(texts)
             rows = [
                 (first + i, report["report_id"], text, len(text))
                 for i, (report, text) in enumerate(zip(reports, texts, strict=True))
             ]
-            fits = (
-                self._count + len(rows) <= self.max_reports
-                and self._bytes + added <= self.max_bytes
-            )
-            if fits and len(rows) == 1:  # one statement is its own transaction: one commit
-                self._db.execute(
-                    "INSERT INTO outbox (seq, report_id, body, size) VALUES (?, ?, ?, ?)", rows[0]
-                )
-                self._count, self._bytes = self._count + 1, self._bytes + added
-                return 0
             with self._transaction():
-                self._db.executemany(
-                    "INSERT INTO outbox (seq, report_id, body, size) VALUES (?, ?, ?, ?)", rows
-                )
+                self._db.executemany(_INSERT, rows)
                 self._count += len(rows)
                 self._bytes += added
                 return self._evict()
@@ -118,28 +149,24 @@ class Outbox:
             ).fetchall()
         return [QueuedReport(seq, report_id, body) for seq, report_id, body in rows]
 
-    def remove(self, reports: Sequence[QueuedReport]) -> None:
-        """Delete acknowledged (or permanently refused) reports; any already gone (dropped
-        for room meanwhile) are skipped. A batch from ``peek`` is a run of consecutive
-        ``seq``: one range delete."""
-        if not reports:
-            return
-        seqs = sorted({report.seq for report in reports})
+    def take(self, limit: int) -> Batch | None:
+        """The oldest ``limit`` reports (still queued) as one request body, or None if the
+        outbox is empty. Every row with a ``seq`` in ``first..last`` is in it: rows are
+        only ever deleted from the front, or by ``seq``, and new ones come after."""
+        with self._lock:
+            first, last, count, body = self._db.execute(_TAKE, (limit,)).fetchone()
+        if not count:
+            return None
+        return Batch(first, last, count, body.encode("utf-8"))
+
+    def discard(self, batch: Batch) -> None:
+        """Delete an acknowledged (or permanently refused) batch from ``take``; reports of it
+        already gone (dropped for room meanwhile) are skipped."""
         with self._lock, self._transaction():
-            if seqs[-1] - seqs[0] + 1 == len(seqs):
-                sizes = self._db.execute(
-                    "DELETE FROM outbox WHERE seq BETWEEN ? AND ? RETURNING size",
-                    (seqs[0], seqs[-1]),
-                ).fetchall()
-            else:
-                sizes = []
-                for start in range(0, len(seqs), 10_000):  # under SQLite's variable limit
-                    chunk = seqs[start : start + 10_000]
-                    sizes += self._db.execute(
-                        f"DELETE FROM outbox WHERE seq IN ({','.join('?' * len(chunk))}) "
-                        "RETURNING size",
-                        chunk,
-                    ).fetchall()
+            sizes = self._db.execute(
+                "DELETE FROM outbox WHERE seq BETWEEN ? AND ? RETURNING size",
+                (batch.first, batch.last),
+            ).fetchall()
             self._count -= len(sizes)
             self._bytes -= sum(size for (size,) in sizes)
 

@@ -29,7 +29,7 @@ import numpy as np
 from client.ledger import BudgetLimits, BudgetStatus, PrivacyLedger
 from client.outbox import Outbox
 from client.specs import MetricSpec, SpecCache, SpecError
-from client.transport import RetryPolicy, Uploader, batch_body
+from client.transport import RetryPolicy, Uploader
 from shared.mechanisms import Mechanism, Rappor, make_mechanism
 
 
@@ -180,9 +180,9 @@ class TelemetryClient:
             raise ValueError("GET /v1/metrics did not return a list")
         return items
 
-    def _post_batch(self, texts: list[str]) -> httpx.Response:
+    def _post_batch(self, body: bytes) -> httpx.Response:
         return self._http.post(
-            "/v1/reports", content=batch_body(texts), headers={"Content-Type": "application/json"}
+            "/v1/reports", content=body, headers={"Content-Type": "application/json"}
         )
 
     def _tick(self) -> None:
@@ -192,11 +192,14 @@ class TelemetryClient:
 def random_uuid4() -> str:
     """A random (version 4, RFC 9562) UUID as text, from the OS CSPRNG: ``uuid.uuid4()``
     without building the object (version bits 0100, variant bits 10)."""
-    raw = bytearray(os.urandom(16))
-    raw[6] = (raw[6] & 0x0F) | 0x40
-    raw[8] = (raw[8] & 0x3F) | 0x80
-    h = raw.hex()
+    h = f"{int.from_bytes(os.urandom(16)) & _UUID_CLEAR | _UUID_SET:032x}"
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+#: The version (bits 48-51, counted from the most significant bit 0) and variant (bits
+#: 64-65) fields of a UUID: cleared by the mask, then set to 0100 and 10.
+_UUID_CLEAR = ~((0xF << 76) | (0x3 << 62)) & ((1 << 128) - 1)
+_UUID_SET = (0x4 << 76) | (0x2 << 62)
 
 
 _hour_cache: tuple[int, str] = (-1, "")

@@ -9,9 +9,10 @@ same ids, never perturbed anew. Any other answer (400-499 but 429, or 500) means
 batch can never be accepted: it is removed and the reason logged. Offline, everything
 waits in the outbox.
 
-``post`` receives the reports' stored JSON texts, so that the thread posting in the
-background neither parses nor re-serializes them (``batch_body`` joins them into the
-request body): it shares the interpreter with ``record``, and its work is their wait.
+``post`` receives the request body as the outbox assembles it (``Outbox.take``: SQLite
+joins the stored JSON texts), so that the thread posting in the background neither
+fetches rows one by one nor parses or re-serializes reports: it shares the interpreter
+with ``record``, and its work is their wait.
 """
 
 from __future__ import annotations
@@ -59,18 +60,13 @@ class UploadStats:
     last_error: str | None = None
 
 
-def batch_body(texts: list[str]) -> bytes:
-    """``{"reports": [...]}`` from the reports' JSON texts, without parsing them."""
-    return ('{"reports":[' + ",".join(texts) + "]}").encode("utf-8")
-
-
 class Uploader:
     """The background thread that drains an ``Outbox`` into the aggregator."""
 
     def __init__(
         self,
         outbox: Outbox,
-        post: Callable[[list[str]], httpx.Response],
+        post: Callable[[bytes], httpx.Response],
         batch_size: int = 512,
         interval: float = 5.0,
         retry: RetryPolicy | None = None,
@@ -151,29 +147,29 @@ class Uploader:
         with self._send_lock:
             if time.monotonic() < self._not_before:  # another sender just met a backoff
                 return
-            batch = self._outbox.peek(self.batch_size)
-            if not batch:
+            batch = self._outbox.take(self.batch_size)
+            if batch is None:
                 return
             try:
-                response = self._post([report.text for report in batch])
+                response = self._post(batch.body)
             except httpx.TransportError as error:
                 self._back_off(f"{type(error).__name__}: {error}", None)
                 return
             self.stats.batches_sent += 1
             if response.status_code == 200:
-                self._outbox.remove(batch)
-                self.stats.reports_acknowledged += len(batch)
+                self._outbox.discard(batch)
+                self.stats.reports_acknowledged += batch.count
                 self._attempt, self._not_before = 0, 0.0
                 if len(self._outbox) >= self.batch_size:
                     self._kick()
             elif response.status_code in RETRYABLE_STATUS:
                 self._back_off(f"HTTP {response.status_code}", retry_after_seconds(response))
             else:
-                self._outbox.remove(batch)
-                self.stats.reports_refused += len(batch)
+                self._outbox.discard(batch)
+                self.stats.reports_refused += batch.count
                 logger.error(
                     "the aggregator refused a batch of %d reports (HTTP %d); dropped: %s",
-                    len(batch),
+                    batch.count,
                     response.status_code,
                     response.text[:500],
                 )

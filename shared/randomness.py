@@ -167,6 +167,48 @@ class RandomSource:
             result[pending] = low.view(">u8").reshape(-1) < np.uint64(rest)
         return result
 
+    def raw_bytes(self, size: int) -> bytes:
+        """``size`` independent uniform bytes, as ``bytes`` (the buffer form of ``octets``)."""
+        if self._rng is None:
+            return os.urandom(size)
+        return self._rng.bytes(size)
+
+    def bernoulli_row(
+        self, threshold: int, size: int, special: int, special_threshold: int
+    ) -> np.ndarray:
+        """One packed row of ``size`` independent bits (``np.packbits`` layout, padding 0):
+        bit ``special`` is 1 with probability ``special_threshold / 2**53``, every other bit
+        with probability ``threshold / 2**53`` (thresholds from ``threshold53``).
+
+        The comparison of ``bernoulli_bytewise``, drawn in one buffer: bit i is
+        ``V_i < 8 T_i`` for V_i uniform on 56 bits, so P = 8 T_i / 2^56 = T_i / 2^53.
+        One random byte per bit is V_i's top byte, which decides the bit unless it equals
+        the top byte of 8 T_i (probability 1/256): a byte table maps every byte to its
+        decision at once, and only the tied bits (about size / 256 of them, found by a scan
+        of the buffer, the special bit first) draw V_i's other six bytes.
+        """
+        if not 0 <= special < size:
+            raise ValueError(f"bernoulli_row: special bit {special} is outside 0..{size - 1}")
+        scaled, special_scaled = threshold << 3, special_threshold << 3
+        top, special_top = scaled >> 48, special_scaled >> 48
+        raw = self.raw_bytes(size)
+        flags = bytearray(raw.translate(_below_table(top)))
+        ties = [special] if raw[special] == special_top else []
+        flags[special] = raw[special] < special_top
+        if top < 256:  # threshold = 2**53 makes top 256: no byte ties, every bit is 1
+            tie = bytes((top,))
+            at = raw.find(tie)
+            while at >= 0:
+                if at != special:
+                    ties.append(at)
+                at = raw.find(tie, at + 1)
+        if ties:
+            low = self.raw_bytes(6 * len(ties))
+            for k, at in enumerate(ties):
+                rest = (special_scaled if at == special else scaled) & ((1 << 48) - 1)
+                flags[at] = int.from_bytes(low[6 * k : 6 * k + 6], "big") < rest
+        return np.packbits(np.frombuffer(flags, dtype=np.uint8))
+
     def uniform(self, size: int) -> np.ndarray:
         """Uniform floats on [0, 1) with 53 random bits each (k / 2**53)."""
         return (self.words(size) >> np.uint64(11)).astype(np.float64) / _BITS53
@@ -338,6 +380,18 @@ def _lazy_compare(source: RandomSource, threshold: int, result: np.ndarray) -> N
             active, undecided = active[keep], undecided[keep]
             if not active.size:
                 return
+
+
+_below_tables: dict[int, bytes] = {}
+
+
+def _below_table(top: int) -> bytes:
+    """The ``bytes.translate`` table mapping each byte b to 1 if b < top, else 0 (cached:
+    a table per distinct top, at most 257)."""
+    table = _below_tables.get(top)
+    if table is None:
+        table = _below_tables[top] = bytes(int(b < top) for b in range(256))
+    return table
 
 
 def _next_pow2_minus_one(bounds: np.ndarray) -> np.ndarray:

@@ -56,10 +56,22 @@ class GeneralizedRandomizedResponse(IndexReports, CategoricalMechanism):
     def encode(self, values: np.ndarray, rng: Rng = None) -> np.ndarray:
         values = as_index_array(values, self.domain_size)
         if values.size == 1:  # one device's value: the same two steps on Python ints
-            source = as_source(rng)
-            keep = source.bernoulli_one(self._keep_threshold)
-            return np.array([values[0] if keep else source.below(self.domain_size)], np.int64)
+            return np.array([self._respond_one(int(values[0]), as_source(rng))], np.int64)
         return k_ary_response(values, self.domain_size, self.p, as_source(rng))
+
+    def _respond_one(self, value: int, source: RandomSource) -> int:
+        """``k_ary_response`` for one value, from one 64-bit word W when it suffices: keep
+        iff W's top 53 bits are below the keep threshold; otherwise W's low 11 bits, which
+        are independent of the top 53 and so still uniform, masked to the next power of two
+        of d (when d <= 2^11), are the first draw of ``below``'s rejection sampling."""
+        d = self.domain_size
+        word = source.word()
+        if (word >> 11) < self._keep_threshold:
+            return value
+        mask = (1 << (d - 1).bit_length()) - 1
+        if mask < 1 << 11 and word & mask < d:
+            return word & mask
+        return source.below(d)
 
     @cached_property
     def _keep_threshold(self) -> int:

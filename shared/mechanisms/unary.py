@@ -13,7 +13,8 @@ ratio is at most (p (1 - q)) / (q (1 - p)) = e^eps.
 A report supports v when its bit v is 1. Reports are packed bit vectors
 (``np.packbits`` layout: bit v is bit ``7 - v % 8`` of byte ``v // 8``; padding
 bits are 0), payload ``{"bits": base64 of the packed bytes}``. The other d - 1
-bits are drawn 64 at a time by ``RandomSource.bernoulli_bits``. Sufficient
+bits are drawn 64 at a time by ``RandomSource.bernoulli_bits`` (a single report: one
+row of ``RandomSource.bernoulli_row``, one random byte per bit). Sufficient
 statistics: the per-bit sums.
 """
 
@@ -106,10 +107,10 @@ class UnaryEncoding(CategoricalMechanism):
     def encode(self, values: np.ndarray, rng: Rng = None) -> np.ndarray:
         values = as_index_array(values, self.domain_size)
         source = as_source(rng)
-        if values.size == 1:  # one device's report: one byte-wise draw per bit, then pack
-            flags = source.bernoulli_bytewise(self._thresholds[1], self.domain_size)
-            flags[values[0]] = source.bernoulli_one(self._thresholds[0])
-            return np.packbits(flags).reshape(1, self.row_bytes)
+        if values.size == 1:  # one device's report: one random byte per bit, in one buffer
+            p_threshold, q_threshold = self._thresholds
+            row = source.bernoulli_row(q_threshold, self.domain_size, int(values[0]), p_threshold)
+            return row.reshape(1, self.row_bytes)
         reports = source.bernoulli_bits(self.q, values.size, self.domain_size)
         true_bits = source.bernoulli(self.p, values.size)
         flat = reports.reshape(-1)

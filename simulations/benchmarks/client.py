@@ -31,7 +31,7 @@ and prints the mean, p50 and p99 in microseconds. Values are drawn up front from
 seeded generator (categories uniform over d, numbers uniform over the range); the SDK
 perturbs them with the OS CSPRNG, as on a device. The ledger's limits are set high so
 that no cap is reached; the ledger still makes a durable debit (write, fsync, rename)
-for every reservation of up to 256 reports.
+for every reservation (up to ``client.ledger.MAX_RESERVED_REPORTS`` reports).
 
 Memory (idle and offline modes, where reports accumulate): the outbox's JSON bytes per queued
 report (what ``Outbox`` counts against its byte bound), the on-disk bytes per report of

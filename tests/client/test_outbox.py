@@ -96,26 +96,6 @@ def test_durable_across_close_and_reopen(tmp_path: Path) -> None:
     reopened.close()
 
 
-def test_removes_only_what_was_acknowledged(tmp_path: Path) -> None:
-    outbox = Outbox(tmp_path)
-    outbox.add([report(n) for n in range(6)])
-    batch = outbox.peek(4)
-    outbox.remove([batch[0], batch[2]])
-    assert numbers(outbox) == [1, 3, 4, 5]
-    assert len(outbox) == 4
-    assert outbox.queued_bytes == sum(size(report(n)) for n in (1, 3, 4, 5))
-
-    outbox.remove([batch[0], batch[2]])  # removing twice removes nothing more
-    outbox.remove([])
-    assert numbers(outbox) == [1, 3, 4, 5]
-    assert len(outbox) == 4
-    outbox.close()
-    reopened = Outbox(tmp_path)
-    assert numbers(reopened) == [1, 3, 4, 5]
-    assert reopened.queued_bytes == sum(size(report(n)) for n in (1, 3, 4, 5))
-    reopened.close()
-
-
 def test_count_bound_drops_the_oldest_and_counts_them(tmp_path: Path) -> None:
     outbox = Outbox(tmp_path, max_reports=5)
     dropped = [outbox.add([report(n)]) for n in range(8)]
@@ -157,27 +137,53 @@ def test_byte_bound_drops_the_oldest_and_counts_them(tmp_path: Path) -> None:
     reopened.close()
 
 
-def test_counts_stay_true_when_an_in_flight_batch_was_dropped_for_room(tmp_path: Path) -> None:
-    """A batch is being uploaded while new reports push its oldest members out; removing
-    the acknowledged batch afterwards must leave the bookkeeping equal to what is stored."""
-    outbox = Outbox(tmp_path, max_reports=4)
-    outbox.add([report(n) for n in range(4)])
-    in_flight = outbox.peek(3)
-    outbox.add([report(4)])
-    outbox.add([report(5)])  # 0 and 1 are dropped while in flight
-    outbox.remove(in_flight)
-    assert numbers(outbox) == [3, 4, 5]
-    assert len(outbox) == 3
-    assert outbox.queued_bytes == sum(size(report(n)) for n in (3, 4, 5))
-    assert outbox.dropped == 2
-    outbox.close()
-    reopened = Outbox(tmp_path, max_reports=4)
-    assert len(reopened) == 3
-    assert reopened.queued_bytes == sum(size(report(n)) for n in (3, 4, 5))
-    reopened.close()
-
-
 @pytest.mark.parametrize("bounds", [{"max_reports": 0}, {"max_bytes": 0}])
 def test_bounds_must_be_positive(tmp_path: Path, bounds: dict[str, int]) -> None:
     with pytest.raises(ValueError):
         Outbox(tmp_path, **bounds)
+
+
+def test_take_gives_the_oldest_reports_as_one_body_and_discard_removes_them(
+    tmp_path: Path,
+) -> None:
+    outbox = Outbox(tmp_path)
+    assert outbox.take(10) is None
+    given = [report(n, padding=n) for n in range(6)]
+    outbox.add(given[:2])
+    for body in given[2:]:
+        outbox.add([body])
+    batch = outbox.take(4)
+    assert batch is not None and batch.count == 4 and batch.last - batch.first == 3
+    sent = json.loads(batch.body)["reports"]
+    assert sorted(sent, key=lambda r: r["report_id"]) == given[:4]
+    assert numbers(outbox) == list(range(6))  # taking leaves them queued
+    outbox.discard(batch)
+    assert numbers(outbox) == [4, 5]
+    assert len(outbox) == 2
+    assert outbox.queued_bytes == sum(size(given[n]) for n in (4, 5))
+    outbox.discard(batch)  # discarding twice removes nothing more
+    assert numbers(outbox) == [4, 5] and len(outbox) == 2
+    rest = outbox.take(10)
+    assert rest is not None and rest.count == 2
+    outbox.discard(rest)
+    assert outbox.take(10) is None and len(outbox) == 0 and outbox.queued_bytes == 0
+    outbox.close()
+
+
+def test_discard_keeps_counts_true_when_a_taken_batch_was_dropped_for_room(
+    tmp_path: Path,
+) -> None:
+    outbox = Outbox(tmp_path, max_reports=4)
+    outbox.add([report(n) for n in range(4)])
+    in_flight = outbox.take(3)
+    assert in_flight is not None
+    outbox.add([report(4)])
+    outbox.add([report(5)])  # 0 and 1 are dropped while in flight
+    outbox.discard(in_flight)
+    assert numbers(outbox) == [3, 4, 5]
+    assert len(outbox) == 3
+    assert outbox.queued_bytes == sum(size(report(n)) for n in (3, 4, 5))
+    outbox.close()
+    reopened = Outbox(tmp_path, max_reports=4)
+    assert len(reopened) == 3 and numbers(reopened) == [3, 4, 5]
+    reopened.close()

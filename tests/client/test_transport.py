@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from client.outbox import Outbox
-from client.transport import RetryPolicy, Uploader, batch_body
+from client.transport import RetryPolicy, Uploader
 
 #: Upload interval that keeps the background thread asleep unless it is woken.
 QUIET = 3600.0
@@ -58,9 +58,9 @@ class ScriptedAggregator:
             base_url="http://aggregator.test", transport=httpx.MockTransport(self._handle)
         )
 
-    def post(self, texts: list[str]) -> httpx.Response:
+    def post(self, body: bytes) -> httpx.Response:
         return self.http.post(
-            "/v1/reports", content=batch_body(texts), headers={"Content-Type": "application/json"}
+            "/v1/reports", content=body, headers={"Content-Type": "application/json"}
         )
 
     def _handle(self, request: httpx.Request) -> httpx.Response:
@@ -253,13 +253,13 @@ def test_retry_after_holds_when_flush_and_the_background_thread_meet(
     in_flight, answer = threading.Event(), threading.Event()
     calls: list[float] = []
 
-    def post(reports: list[str]) -> httpx.Response:
+    def post(body: bytes) -> httpx.Response:
         calls.append(time.monotonic())
         if len(calls) == 1:  # the background thread's upload
             in_flight.set()
             answer.wait(PATIENCE)
             return httpx.Response(503, headers={"Retry-After": "0.5"})
-        return httpx.Response(200, json={"accepted": len(reports), "duplicates": 0})
+        return httpx.Response(200, json={"accepted": 2, "duplicates": 0})
 
     uploader = Uploader(outbox, post, interval=0.01, retry=FAST, rng=random.Random(1))
     try:
@@ -333,4 +333,4 @@ def test_a_full_batch_wakes_the_background_thread(outbox: Outbox, start: Callabl
 @pytest.mark.parametrize("bad", [{"batch_size": 0}, {"interval": 0.0}])
 def test_nonsense_settings_are_refused(outbox: Outbox, bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
-        Uploader(outbox, lambda reports: httpx.Response(200), **bad)
+        Uploader(outbox, lambda body: httpx.Response(200), **bad)

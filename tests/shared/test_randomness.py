@@ -537,6 +537,84 @@ def test_bernoulli_bits_direct_draw_boundary(monkeypatch: pytest.MonkeyPatch, p:
 
 
 # --------------------------------------------------------------------------------------
+# bernoulli_row (one report of a unary encoding)
+# --------------------------------------------------------------------------------------
+
+ROW_BITS = 13  # two bytes, three padding bits
+ROW_SPECIAL = 5
+
+
+def test_bernoulli_row_frequencies(make_source: SourceFactory) -> None:
+    """20,000 rows of 13 bits, bit 5 at p = 0.5 and the others at q = 0.27: the padding is
+    zero, and each position is Binomial at its exact_probability (13 tests, each at
+    ALPHA / 13)."""
+    source = make_source(1_300)
+    rows = 20_000
+    q_threshold, p_threshold = int(threshold53(0.27)), int(threshold53(0.5))
+    packed = np.stack(
+        [source.bernoulli_row(q_threshold, ROW_BITS, ROW_SPECIAL, p_threshold) for _ in range(rows)]
+    )
+    assert packed.shape == (rows, 2) and packed.dtype == np.uint8
+    assert not (packed[:, 1] & 0b111).any(), "padding bits must be zero"
+    counts = np.unpackbits(packed, axis=1, count=ROW_BITS).sum(axis=0)
+    probs = np.full(ROW_BITS, exact_probability(0.27))
+    probs[ROW_SPECIAL] = exact_probability(0.5)
+    for position in range(ROW_BITS):
+        assert_binomial(
+            int(counts[position]),
+            rows,
+            float(probs[position]),
+            alpha=ALPHA / ROW_BITS,
+            label=f"position {position}",
+        )
+
+
+@pytest.mark.parametrize("p", [2.0**-53, 1e-3, 0.27, 0.5, 1 - 2.0**-53])
+def test_bernoulli_row_boundary(monkeypatch: pytest.MonkeyPatch, p: float) -> None:
+    """White-box: bit i is [V_i < 8 T_i] exactly, V_i = 8 T_i gives 0 and 8 T_i - 1 gives 1,
+    for the special bit (at its own threshold, that of 0.3) and the others. Relies on the
+    documented draw: one buffer of V's top bytes, then six bytes per tied bit (the special
+    bit first, then the others in order)."""
+    thresholds = np.full(ROW_BITS, int(threshold53(p)), dtype=object)
+    thresholds[ROW_SPECIAL] = int(threshold53(0.3))
+    for offset, expected in ((0, 0), (-1, 1)):
+        values = [(int(t) << 3) + offset for t in thresholds]
+        if min(values) < 0:
+            continue  # T = 0 has no V below 8 T
+        tops = bytes(v >> 48 for v in values)
+        tied = [
+            i
+            for i in [ROW_SPECIAL] + [j for j in range(ROW_BITS) if j != ROW_SPECIAL]
+            if tops[i] == (int(thresholds[i]) << 3) >> 48
+        ]
+        rests = b"".join((values[i] & ((1 << 48) - 1)).to_bytes(6, "big") for i in tied)
+        draws = iter([tops, rests])
+        source = RandomSource(None)
+        monkeypatch.setattr(source, "raw_bytes", lambda size, d=draws: next(d))
+        row = source.bernoulli_row(
+            int(thresholds[0]), ROW_BITS, ROW_SPECIAL, int(thresholds[ROW_SPECIAL])
+        )
+        bits = np.unpackbits(row, count=ROW_BITS)
+        assert np.all(bits == expected), f"V = 8T{'' if expected == 0 else ' - 1'}: {bits}"
+
+
+def test_bernoulli_row_certain_bits_and_errors(make_source: SourceFactory) -> None:
+    """Probability 0 gives 0 and probability 1 gives 1, whatever is drawn; a special bit
+    outside the row is refused."""
+    source = make_source(1_301)
+    zero, one = int(threshold53(0.0)), int(threshold53(1.0))
+    for _ in range(200):
+        assert np.unpackbits(source.bernoulli_row(zero, 20, 3, one), count=20).tolist() == [
+            int(i == 3) for i in range(20)
+        ]
+        assert np.unpackbits(source.bernoulli_row(one, 20, 3, zero), count=20).tolist() == [
+            int(i != 3) for i in range(20)
+        ]
+    with pytest.raises(ValueError, match="special bit 20 is outside 0..19"):
+        source.bernoulli_row(zero, 20, 20, one)
+
+
+# --------------------------------------------------------------------------------------
 # bernoulli_exp
 # --------------------------------------------------------------------------------------
 
