@@ -109,6 +109,15 @@ report_ids = Table(
     sqlite_with_rowid=False,
 )
 
+class _SeenBefore(Exception):
+    """An optimistic insert of report ids met one already stored (``Storage._insert_ids``)."""
+
+
+#: One report id (SQLite's hot path; see ``Storage._insert_ids``).
+_INSERT_REPORT_ID = (
+    "INSERT INTO report_ids (report_id, received_hour) VALUES (?, ?) ON CONFLICT DO NOTHING"
+)
+
 partial_stats = Table(
     "partial_stats",
     metadata,
@@ -249,6 +258,11 @@ class Storage:
         # SQLite has one writer at a time: queue this process's writers on a lock rather
         # than in SQLite's busy handler (which sleeps); other processes still wait there.
         self._write_lock = threading.Lock() if self.dialect == "sqlite" else None
+        # ... and write on one connection (under that lock): SQLite drops a connection's
+        # page cache when another connection wrote since, so writers taking turns from the
+        # pool read the report-id index back from the OS at every batch (4.6 ms per 1,000
+        # ids instead of 2.6, growing with the index).
+        self._writer: Connection | None = None
         self._committer = GroupCommitter(self._commit_group)
         self._initialize()
 
@@ -272,6 +286,11 @@ class Storage:
 
     def close(self) -> None:
         self._committer.close()
+        if self._write_lock is not None:
+            with self._write_lock:
+                if self._writer is not None:
+                    self._writer.close()
+                    self._writer = None
         self.engine.dispose()
 
     @contextmanager
@@ -280,8 +299,11 @@ class Storage:
             with self.engine.begin() as conn:
                 yield conn
             return
-        with self._write_lock, self.engine.begin() as conn:
-            yield conn
+        with self._write_lock:
+            if self._writer is None or self._writer.invalidated:
+                self._writer = self.engine.connect()
+            with self._writer.begin():
+                yield self._writer
 
     @contextmanager
     def _read(self) -> Iterator[Connection]:
@@ -407,8 +429,16 @@ class Storage:
         """
         ordered = sorted({report_id for submission in group for report_id in submission.ids})
         hour = int(time.time() // 3600)
+        try:
+            self._write_group(group, ordered, hour, optimistic=self.dialect == "sqlite")
+        except _SeenBefore:  # rolled back: once more, skipping the ids already stored
+            self._write_group(group, ordered, hour, optimistic=False)
+
+    def _write_group(
+        self, group: list[Submission], ordered: list[bytes], hour: int, optimistic: bool
+    ) -> None:
         with self._write() as conn:
-            inserted = self._insert_ids(conn, ordered, hour)
+            inserted = self._insert_ids(conn, ordered, hour, optimistic)
             rows: list[PartialRow] = []
             for submission in group:
                 new = []
@@ -423,7 +453,18 @@ class Storage:
             if rows:
                 conn.execute(insert(partial_stats), [row.__dict__ for row in rows])
 
-    def _insert_ids(self, conn: Connection, ordered: list[bytes], hour: int) -> set[bytes]:
+    def _insert_ids(
+        self, conn: Connection, ordered: list[bytes], hour: int, optimistic: bool
+    ) -> set[bytes]:
+        """Store the ids of ``ordered`` not stored yet, and return them.
+
+        SQLite: ``optimistic`` inserts every id with one prepared statement run over all
+        of them (2.9 ms per 1,000 ids where one 1,000-row ``VALUES`` list with
+        ``RETURNING`` takes 7, and a savepoint to undo a partial insert 4); if any id was
+        already stored, it raises ``_SeenBefore`` for the caller to roll back and come
+        again without ``optimistic``: the stored ids are looked up, then the others
+        inserted (a retried batch is the rare case).
+        """
         if self.dialect == "postgresql":
             result = conn.exec_driver_sql(
                 "INSERT INTO report_ids (report_id, received_hour) "
@@ -434,20 +475,26 @@ class Storage:
             return {bytes(row[0]) for row in result}
         # The sqlite3 cursor itself: this is the hot path, and rows need no wrapping.
         cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-        inserted: set[bytes] = set()
         try:
+            if optimistic:
+                cursor.executemany(_INSERT_REPORT_ID, [(report_id, hour) for report_id in ordered])
+                if cursor.rowcount != len(ordered):
+                    raise _SeenBefore
+                return set(ordered)
+            stored: set[bytes] = set()
             for start in range(0, len(ordered), 8192):  # well under SQLite's 32766 variables
                 chunk = ordered[start : start + 8192]
-                values = ",".join([f"(?, {int(hour)})"] * len(chunk))
                 cursor.execute(
-                    f"INSERT INTO report_ids (report_id, received_hour) VALUES {values} "
-                    "ON CONFLICT DO NOTHING RETURNING report_id",
+                    "SELECT report_id FROM report_ids WHERE report_id IN "
+                    f"({','.join('?' * len(chunk))})",
                     chunk,
                 )
-                inserted.update(row[0] for row in cursor.fetchall())
+                stored.update(row[0] for row in cursor.fetchall())
+            new = [report_id for report_id in ordered if report_id not in stored]
+            cursor.executemany(_INSERT_REPORT_ID, [(report_id, hour) for report_id in new])
+            return set(new)
         finally:
             cursor.close()
-        return inserted
 
     def partial_rows(
         self, metric: str, version: int, start: int | None = None, end: int | None = None
