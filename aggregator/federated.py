@@ -8,12 +8,18 @@ admitted or a round closes, and a round closes exactly once.
 
 Round life. A round opens with a deadline ``round_timeout_seconds`` ahead. It closes
 when ``max_clients`` uploads arrived (by default ``ceil(clients_per_round)``), or at its
-deadline if at least ``min_clients`` did (dropouts are tolerated); with fewer, the
-deadline moves one timeout on. Closing aggregates the uploads with the task's privacy
-mode, steps the model, charges the round to the accountant, evaluates the model on the
-task's public evaluation set if it has one, and opens the next round; a task whose
-planned rounds are done is ``completed``, and one whose next round would exceed its
-privacy budget is ``budget_exhausted`` (no such round ever runs).
+deadline if at least ``min_clients`` did (dropouts are tolerated). With fewer, the round
+is restarted: its uploads are deleted unread, its ``attempt`` goes up by one with a new
+deadline, and devices, seeing a new attempt, decide afresh whether to take part (an
+upload names its attempt; one for an abandoned attempt is refused as stale). Merely
+moving the deadline on would stall a round that too few devices had chosen, since each
+decides once; and letting devices decide again while earlier uploads stay would take a
+device into a round with probability above q, past what is accounted. Closing
+aggregates the uploads with the task's privacy mode, steps the model, charges the round
+to the accountant, evaluates the model on the task's public evaluation set if it has
+one, and opens the next round; a task whose planned rounds are done is ``completed``,
+and one whose next round would exceed its privacy budget is ``budget_exhausted`` (no
+such round ever runs).
 
 Uploads. An upload names its round and carries the update as base64 of little-endian
 float64. It is refused, with nothing stored, when the task is unknown or finished, the
@@ -37,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from aggregator import observability as obs
-from aggregator.storage import Storage, TaskChange, TaskRow, UpdateRow
+from aggregator.storage import Storage, TaskChange, TaskRow, TaskUpdate, UpdateRow
 from shared.federated.messages import (
     EvaluationSet,
     RoundOut,
@@ -105,7 +111,7 @@ class Federated:
             request.name,
             status,
             state.round,
-            json.dumps(state.to_json()),
+            _dump(state),
             None if request.evaluation is None else request.evaluation.model_dump_json(),
             self.clock() + request.config.round_timeout_seconds,
         )
@@ -132,6 +138,7 @@ class Federated:
         return RoundOut(
             task=name,
             round=row.round,
+            attempt=state.attempt,
             state="running",
             config=state.config,
             noise_multiplier=state.noise_multiplier,
@@ -161,6 +168,7 @@ class Federated:
         def admit(task: TaskRow) -> int:
             if task.status != "running":
                 raise _finished(task)
+            state = _state(task)
             if upload.round != task.round:
                 raise FederatedError(
                     409,
@@ -169,7 +177,16 @@ class Federated:
                     f"the upload is for round {upload.round}; round {task.round} is open",
                     [{"field": "round", "message": f"expected {task.round}"}],
                 )
-            _check_vector(_state(task), raw)
+            if upload.attempt != state.attempt:
+                raise FederatedError(
+                    409,
+                    "stale-round",
+                    "Not the open round",
+                    f"the upload is for attempt {upload.attempt} of round {task.round}; "
+                    f"attempt {state.attempt} is open (the round was restarted)",
+                    [{"field": "attempt", "message": f"expected {state.attempt}"}],
+                )
+            _check_vector(state, raw)
             return task.round
 
         try:
@@ -207,7 +224,7 @@ class Federated:
         return self.status(name)
 
     def tick(self) -> int:
-        """Close (or extend) every round whose deadline passed; the number of tasks seen."""
+        """Close (or restart) every round whose deadline passed; the number of tasks seen."""
         due = self.storage.due_tasks(self.clock())
         for name in due:
             self._close(name, force=False)
@@ -215,7 +232,7 @@ class Federated:
 
     def _close(self, name: str, force: bool) -> TaskRow | None:
         """Close ``name``'s open round if it may: ``force`` (the admin asks) or its deadline
-        passed; a due round short of ``min_clients`` gets one more timeout."""
+        passed; a due round short of ``min_clients`` is restarted."""
         return self.storage.change_task(name, self._closer(force=force, when_full=False))
 
     def _closer(
@@ -225,8 +242,9 @@ class Federated:
 
         It closes the round when ``force``, when ``when_full`` and the round holds
         ``max_clients`` uploads (by default ``ceil(clients_per_round)``), or when the
-        deadline passed with at least ``min_clients``; a due round with fewer waits one
-        more timeout. Otherwise it changes nothing.
+        deadline passed with at least ``min_clients``; a due round with fewer is restarted
+        (a new attempt, its uploads discarded, one more timeout). Otherwise it changes
+        nothing.
         """
         now = self.clock()
 
@@ -242,7 +260,10 @@ class Federated:
             if len(uploads) < config.min_clients:
                 if force or not due:
                     return None
-                return task.status, task.round, task.state, now + config.round_timeout_seconds
+                state.restart_round()
+                obs.FEDERATED_RESTARTS.inc()
+                deadline = now + config.round_timeout_seconds
+                return TaskUpdate(task.status, task.round, _dump(state), deadline, restart=True)
             updates = np.stack([np.frombuffer(u.vector, dtype="<f8") for u in uploads])
             unclipped = np.array([u.unclipped for u in uploads])
             weights = np.array([u.num_examples for u in uploads], dtype=np.float64)
@@ -250,12 +271,12 @@ class Federated:
                 state.close_round(updates, unclipped, weights, None, _evaluator(task, config))
             except BudgetExhaustedError:
                 obs.log(logger, logging.WARNING, "federated task out of budget", task=task.name)
-                return "budget_exhausted", task.round, task.state, task.deadline
+                return TaskUpdate("budget_exhausted", task.round, task.state, task.deadline)
             obs.FEDERATED_ROUNDS.inc()
-            return (
+            return TaskUpdate(
                 _status_after(state),
                 state.round,
-                json.dumps(state.to_json()),
+                _dump(state),
                 now + config.round_timeout_seconds,
             )
 
@@ -289,6 +310,7 @@ class Federated:
             mode=state.config.mode,
             state=row.status,  # type: ignore[arg-type]
             round=row.round,
+            attempt=state.attempt,
             rounds=state.config.rounds,
             epsilon_spent=_finite_or_none(state.epsilon()),
             budget=_finite_or_none(state.budget),
@@ -306,6 +328,10 @@ class Federated:
 
 def _state(row: TaskRow) -> TaskState:
     return TaskState.from_json(json.loads(row.state))
+
+
+def _dump(state: TaskState) -> str:
+    return json.dumps(state.to_json())
 
 
 def _status_after(state: TaskState) -> str:

@@ -45,6 +45,9 @@ FEDERATED_UPDATES = Counter(
     "ldp_federated_updates", "Federated uploads: accepted, duplicate or rejected.", ["outcome"]
 )
 FEDERATED_ROUNDS = Counter("ldp_federated_rounds", "Federated rounds closed.")
+FEDERATED_RESTARTS = Counter(
+    "ldp_federated_restarts", "Federated rounds restarted (too few uploads by the deadline)."
+)
 
 
 def exposition() -> tuple[bytes, str]:

@@ -109,6 +109,7 @@ report_ids = Table(
     sqlite_with_rowid=False,
 )
 
+
 class _SeenBefore(Exception):
     """An optimistic insert of report ids met one already stored (``Storage._insert_ids``)."""
 
@@ -177,9 +178,20 @@ class UpdateRow:
     num_examples: int
 
 
-#: What a round-closing function returns: the task's new (status, round, state,
-#: deadline), or None to leave the task as it is.
-TaskChange = tuple[str, int, str, float] | None
+@dataclass(frozen=True)
+class TaskUpdate:
+    """A task's new status, round, state and deadline; ``restart`` discards the uploads
+    of its open round (the round is drawn again, under the same number)."""
+
+    status: str
+    round: int
+    state: str
+    deadline: float
+    restart: bool = False
+
+
+#: What a round-closing function returns: the task's update, or None to leave it as it is.
+TaskChange = TaskUpdate | None
 
 
 class SchemaMismatchError(RuntimeError):
@@ -644,9 +656,10 @@ class Storage:
     ) -> TaskRow | None:
         """Apply ``change`` to a locked task and its open round's uploads, atomically.
 
-        When ``change`` returns a new (status, round, state, deadline) the task row is
-        rewritten and, if the round moved on, the closed round's vectors are erased, in
-        the same transaction. Returns the task as it is afterwards (None if unknown).
+        When ``change`` returns a ``TaskUpdate`` the task row is rewritten and, if the
+        round moved on, the closed round's vectors are erased (its ids kept), or on a
+        restart the open round's uploads deleted, in the same transaction. Returns the
+        task as it is afterwards (None if unknown).
         """
         with self._write() as conn:
             task = self._lock_task(conn, name)
@@ -670,20 +683,27 @@ class Storage:
     def _apply(self, conn: Connection, task: TaskRow, changed: TaskChange) -> TaskRow:
         if changed is None:
             return task
-        status, round_number, state, deadline = changed
         conn.execute(
             update(federated_tasks)
             .where(federated_tasks.c.name == task.name)
-            .values(status=status, round=round_number, state=state, deadline=deadline)
-        )
-        if round_number != task.round:  # the round closed: erase its vectors, keep the ids
-            conn.execute(
-                update(federated_updates)
-                .where(federated_updates.c.task == task.name)
-                .where(federated_updates.c.round == task.round)
-                .values(vector=b"")
+            .values(
+                status=changed.status,
+                round=changed.round,
+                state=changed.state,
+                deadline=changed.deadline,
             )
-        return TaskRow(task.name, status, round_number, state, task.evaluation, deadline)
+        )
+        open_round = (federated_updates.c.task == task.name) & (
+            federated_updates.c.round == task.round
+        )
+        if changed.restart:  # the uploads are discarded unread, ids and all
+            conn.execute(delete(federated_updates).where(open_round))
+        elif changed.round != task.round:  # the round closed: erase its vectors, keep the ids
+            conn.execute(update(federated_updates).where(open_round).values(vector=b""))
+        return TaskRow(
+            task.name, changed.status, changed.round, changed.state, task.evaluation,
+            changed.deadline,
+        )  # fmt: skip
 
     def due_tasks(self, now: float) -> list[str]:
         """Running tasks whose open round's deadline has passed."""

@@ -5,7 +5,9 @@ the aggregator (``/v1/federated/...``). Each round it:
 
 1. fetches the open round: the global parameters, the clip norm, the sampling rate q;
 2. takes part with probability q (Poisson sampling, drawn on the device from the OS
-   CSPRNG: the server's accounting assumes exactly that);
+   CSPRNG: the server's accounting assumes exactly that), once per draw of the round: a
+   round the aggregator restarted (too few uploads by its deadline, the uploads
+   discarded) comes back as a new ``attempt``, and the device decides again;
 3. trains locally from the global parameters (``shared.federated.fedavg.client_update``)
    on its own data, which never leaves the device;
 4. clips the update and adds its share of the noise for the task's mode
@@ -59,6 +61,7 @@ class RoundInfo:
 
     task: str
     round: int
+    attempt: int
     config: TaskConfig
     noise_multiplier: float
     clip_norm: float
@@ -76,6 +79,7 @@ class RoundInfo:
         return cls(
             task=message.task,
             round=message.round,
+            attempt=message.attempt,
             config=message.config,
             noise_multiplier=message.noise_multiplier,
             clip_norm=message.clip_norm,
@@ -104,6 +108,7 @@ class RoundResult:
     round: int
     participated: bool
     uploaded: bool
+    attempt: int = 0
 
 
 class FederatedClient:
@@ -138,7 +143,8 @@ class FederatedClient:
         self._headers = {"Authorization": f"Bearer {api_key}"}
         self._base = endpoint.rstrip("/") if http is not None else ""
         self._jitter = random.Random()
-        self._last_round = -1
+        #: The last (round, attempt) this device decided on: it decides once per draw.
+        self._last_draw = (-1, 0)
 
     # --- rounds ----------------------------------------------------------------------
 
@@ -157,9 +163,9 @@ class FederatedClient:
         """Take part in the open round (fetched unless given) with probability q."""
         info = round_info or self.fetch_round()
         self._check_budget(info.config)
-        self._last_round = info.round
+        self._last_draw = (info.round, info.attempt)
         if not self._sampled(info.sample_rate):
-            return RoundResult(info.round, participated=False, uploaded=False)
+            return RoundResult(info.round, participated=False, uploaded=False, attempt=info.attempt)
         model = self.model or make_model(info.config.model)
         if model.num_params != info.parameters.size:
             raise FederatedError(
@@ -175,22 +181,24 @@ class FederatedClient:
         body = UpdateUpload(
             update_id=uuid.uuid4(),
             round=info.round,
+            attempt=info.attempt,
             update=encode_vector(contribution.update),
             unclipped=contribution.unclipped,
             num_examples=int(self._x.shape[0]),
         ).model_dump(mode="json")
         uploaded = self._upload(body)
-        return RoundResult(info.round, participated=True, uploaded=uploaded)
+        return RoundResult(info.round, participated=True, uploaded=uploaded, attempt=info.attempt)
 
     def run(self, max_rounds: int | None = None, poll_interval: float = 1.0) -> list[RoundResult]:
-        """Take part in each new round until the task finishes (or ``max_rounds`` rounds)."""
+        """Take part in each new round (and each new attempt of one) until the task
+        finishes, or ``max_rounds`` decisions were made."""
         results: list[RoundResult] = []
         while max_rounds is None or len(results) < max_rounds:
             try:
                 info = self.fetch_round()
             except TaskFinishedError:
                 break
-            if info.round <= self._last_round:
+            if (info.round, info.attempt) <= self._last_draw:
                 time.sleep(poll_interval)
                 continue
             results.append(self.run_round(info))

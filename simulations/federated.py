@@ -37,7 +37,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
@@ -48,6 +48,9 @@ from shared.federated.models import ModelSpec, evaluate, make_model
 from shared.federated.privacy import privatize
 from shared.federated.task import TaskConfig, TaskState
 from simulations import report
+
+if TYPE_CHECKING:
+    from client.federated import FederatedClient, RoundInfo
 
 __all__ = ["MODE_DEFAULTS", "Dataset", "FederatedRun", "load_dataset", "register", "run_task"]
 
@@ -225,7 +228,7 @@ def run_task(data: Dataset, config: TaskConfig, epsilon: float, seed: int) -> Fe
         holders = [int(i) for i in sampled if len(data.clients[i][0])]
         if len(holders) < config.min_clients:
             run.accuracy.append(run.accuracy[-1] if run.accuracy else math.nan)
-            continue  # too few this round: it would wait for more; skip it instead
+            continue  # too few: the service restarts the round (a fresh draw), as here
         rows, bits, weights = [], [], []
         for index in holders:
             x, y = data.clients[index]
@@ -283,6 +286,8 @@ def run_task_over_http(
                 closed = http.post(f"/v1/federated/tasks/{name}/close", headers=admin)
                 if closed.status_code != 200:
                     raise RuntimeError(f"closing round {round_number}: {closed.text}")
+            else:  # too few: the service restarts the round at its deadline
+                wait_for_restart(devices[0], info)
             status = http.get(f"/v1/federated/tasks/{name}", headers=analyst).json()
             evaluation = status.get("evaluation") or {}
             run.accuracy.append(float(evaluation.get("accuracy", math.nan)))
@@ -292,6 +297,17 @@ def run_task_over_http(
         run.epsilon_spent = math.inf if epsilon_spent is None else float(epsilon_spent)
     run.seconds = time.perf_counter() - started
     return run
+
+
+def wait_for_restart(device: FederatedClient, info: RoundInfo) -> None:
+    """Wait until the aggregator restarted ``info``'s round (its deadline passed with too
+    few uploads), so that devices decide again on a new attempt rather than upload twice
+    to the same one."""
+    while True:
+        time.sleep(max(0.0, info.deadline - time.time()) + 0.05)
+        current = device.fetch_round()
+        if (current.round, current.attempt) != (info.round, info.attempt):
+            return
 
 
 # --- command line ------------------------------------------------------------------------

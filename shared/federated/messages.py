@@ -104,6 +104,9 @@ class TaskStatus(BaseModel):
     mode: str
     state: TaskStatusName
     round: int = Field(description="rounds closed so far (the open round's number)")
+    attempt: int = Field(
+        default=0, description="the open round's draw (one more each time it was restarted)"
+    )
     rounds: int = Field(description="rounds planned")
     epsilon_spent: float | None = Field(description="at delta; null when unbounded (no noise)")
     budget: float | None = Field(description="the task's epsilon budget; null when unbounded")
@@ -123,6 +126,11 @@ class RoundOut(BaseModel):
 
     task: str
     round: int
+    attempt: int = Field(
+        default=0,
+        description="the round's draw: a round short of min_clients at its deadline is "
+        "restarted, its uploads discarded, and every device decides anew to take part",
+    )
     state: TaskStatusName
     config: TaskConfig
     noise_multiplier: float
@@ -141,6 +149,7 @@ class UpdateUpload(BaseModel):
 
     update_id: UUID
     round: int = Field(ge=0)
+    attempt: int = Field(default=0, ge=0, description="the attempt of the round it is for")
     update: str = Field(description="base64 of little-endian float64, num_params values")
     unclipped: float = Field(default=0.0, allow_inf_nan=False, ge=-1e6, le=1e6)
     num_examples: int = Field(default=1, ge=1, le=2**31 - 1)

@@ -14,7 +14,12 @@ Both the aggregator service and the in-process simulation run a task through
    (with the same relative slack as the device ledger). ``close_round(...)`` aggregates
    the contributions with :class:`~shared.federated.privacy.PrivateAggregation`, applies
    the FedAvg step, and records the round with the accountant
-   (:class:`shared.accounting.GaussianRoundsAccountant`).
+   (:class:`shared.accounting.GaussianRoundsAccountant`). ``restart_round()`` abandons
+   the open round instead (the service does so when too few uploads came by its deadline):
+   its contributions are discarded unread and the round is drawn again as a new
+   ``attempt``, in which every device decides afresh, with probability q, to take part.
+   Only a closed round is released, and in the attempt it aggregates each device took
+   part with probability q: the Poisson sampling the accountant charges for.
 
 Everything is plain data (``to_json`` / ``from_json``, the vectors as float64 bytes), so
 that the service can store a task and pick it up again after a restart.
@@ -220,6 +225,8 @@ class TaskState:
     server: ServerState
     clip_norm: float
     round: int = 0
+    #: The open round's draw: 0, and one more each time the round is restarted.
+    attempt: int = 0
     accountant_rounds: dict[float, int] = field(default_factory=dict)
     history: list[RoundRecord] = field(default_factory=list)
     #: The multiplier was calibrated for the target over the planned rounds (see check_round).
@@ -359,6 +366,7 @@ class TaskState:
             assert accountant.rounds is not None
             self.accountant_rounds = accountant.rounds
         self.round += 1
+        self.attempt = 0
         epsilon = self._accountant().epsilon() if self.dp.private else math.inf
         evaluation = {} if evaluate is None else evaluate(self.server.params)
         record = RoundRecord(
@@ -367,6 +375,11 @@ class TaskState:
         self.clip_norm = outcome.clip_norm
         self.history.append(record)
         return record
+
+    def restart_round(self) -> None:
+        """Abandon the open round (its contributions are discarded, nothing is released or
+        charged) and draw it again: a new attempt, in which devices decide anew."""
+        self.attempt += 1
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON-ready data; :meth:`from_json` restores an equal state."""
@@ -377,6 +390,7 @@ class TaskState:
             "velocity": _encode_vector(self.server.velocity),
             "clip_norm": self.clip_norm,
             "round": self.round,
+            "attempt": self.attempt,
             "accountant_rounds": [[z, n] for z, n in self.accountant_rounds.items()],
             "history": [record.__dict__ for record in self.history],
             "calibrated": self.calibrated,
@@ -390,6 +404,7 @@ class TaskState:
             ServerState(_decode_vector(data["params"]), _decode_vector(data["velocity"])),
             float(data["clip_norm"]),
             int(data["round"]),
+            int(data.get("attempt", 0)),
             {float(z): int(n) for z, n in data["accountant_rounds"]},
             [RoundRecord(**record) for record in data["history"]],
             bool(data.get("calibrated", False)),

@@ -252,18 +252,30 @@ def test_central_mode_reclips_whatever_arrives(api: Api) -> None:
     assert np.linalg.norm(after - before) == pytest.approx(1.0 / 3.0)
 
 
-def test_deadline_closes_with_dropouts_or_waits_longer(api: Api) -> None:
+def test_deadline_closes_with_dropouts_or_restarts_the_round(api: Api) -> None:
+    """A due round short of min_clients is drawn again: its uploads are discarded (not
+    counted in the round that closes), an upload for the abandoned attempt, or a retry of
+    one taken in it, is refused as stale, and devices are told the new attempt."""
     api.create(task_body(clients_per_round=10, population=100, min_clients=2))
-    api.send(upload())
+    first = upload()
+    assert api.send(first).status_code == 200
     deadline = api.status()["deadline"]
     api.clock.now = deadline + 1
-    api.tick()  # one update, fewer than min_clients: the deadline moves on
+    api.tick()  # one update, fewer than min_clients: the round restarts
     status = api.status()
-    assert status["round"] == 0 and status["deadline"] > deadline
-    api.send(upload())
+    assert status["round"] == 0 and status["attempt"] == 1 and status["deadline"] > deadline
+    assert status["updates_received"] == 0
+    assert api.round().json()["attempt"] == 1
+    for stale in (first, upload()):  # the retry of the discarded upload, a late new one
+        response = api.send(stale)
+        assert response.status_code == 409 and "attempt 1 is open" in response.text
+    for _ in range(2):
+        assert api.send(upload(attempt=1)).status_code == 200
     api.clock.now = status["deadline"] + 1
     api.tick()  # two updates at the deadline: the round closes without the other eight
-    assert api.status()["participants"] == [2]
+    status = api.status()
+    assert status["participants"] == [2] and status["round"] == 1 and status["attempt"] == 0
+    assert api.round().json()["attempt"] == 0
 
 
 def test_admin_close_needs_min_clients(sqlite_api: Api) -> None:

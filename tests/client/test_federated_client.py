@@ -93,6 +93,24 @@ def test_run_follows_rounds_until_the_task_finishes(aggregator: Any) -> None:
     assert status(aggregator, "solo")["state"] == "completed"
 
 
+def test_a_restarted_round_is_decided_again(aggregator: Any) -> None:
+    """q = 10^-6 (no noise: nothing to calibrate): nobody takes part, so the round is
+    restarted at each deadline (0.5 s);
+    a device decides once per attempt, not once per round (which would stall it)."""
+    create(
+        aggregator, "sparse", mode="none", target_epsilon=None, population=10**6,
+        clients_per_round=1, min_clients=1, round_timeout_seconds=0.5,
+    )  # fmt: skip
+    with FederatedClient(
+        aggregator.url, aggregator.keys["device"], "sparse", blobs(10, np.random.default_rng(3))
+    ) as device:
+        results = device.run(max_rounds=3, poll_interval=0.05)
+    assert [(r.round, r.attempt, r.participated) for r in results] == [
+        (0, 0, False), (0, 1, False), (0, 2, False),
+    ]  # fmt: skip
+    assert status(aggregator, "sparse")["attempt"] >= 2
+
+
 def test_device_refuses_a_task_beyond_its_epsilon(aggregator: Any) -> None:
     create(aggregator, "greedy", target_epsilon=8.0)
     device = FederatedClient(
