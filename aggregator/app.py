@@ -31,7 +31,7 @@ from aggregator.deps import Admin, Analyst, Device
 from aggregator.estimates import EstimateOut
 from aggregator.federated import Federated
 from aggregator.federated_api import add_federated_routes
-from aggregator.ingest import BatchRejected, IngestResult, ReportBatch
+from aggregator.ingest import BatchRejected
 from aggregator.problems import (
     Problem,
     ProblemError,
@@ -40,9 +40,16 @@ from aggregator.problems import (
     handle_validation,
     problem_response,
 )
-from aggregator.registry import MAX_LABEL_LENGTH, METRIC_NAME, Metric, MetricDefinition
+from aggregator.registry import METRIC_NAME
 from aggregator.service import Aggregator, NotEnoughReportsError, UnknownMetricError
 from aggregator.settings import Settings
+from shared.schemas import (
+    MAX_LABEL_LENGTH,
+    IngestResult,
+    MetricDefinition,
+    MetricSpec,
+    ReportBatch,
+)
 
 logger = logging.getLogger("ldp.aggregator")
 #: A date and a time with seconds (fraction optional) and a UTC offset or Z.
@@ -228,12 +235,12 @@ def create_app(settings: Settings, aggregator: Aggregator | None = None) -> Fast
         body, content_type = obs.exposition()
         return Response(body, media_type=content_type)
 
-    @app.get("/v1/metrics", response_model=list[Metric], tags=["metrics"])
+    @app.get("/v1/metrics", response_model=list[MetricSpec], tags=["metrics"])
     async def list_metrics() -> Any:
         """The current version of every metric: public, so anyone can audit the privacy promise."""
         return await run_in_threadpool(service.catalog.latest)
 
-    @app.get("/v1/metrics/{name}/versions", response_model=list[Metric], tags=["metrics"])
+    @app.get("/v1/metrics/{name}/versions", response_model=list[MetricSpec], tags=["metrics"])
     async def metric_versions(name: MetricName) -> Any:
         """Every version of one metric, oldest first (public)."""
         versions = await run_in_threadpool(service.catalog.versions, name)
@@ -243,10 +250,10 @@ def create_app(settings: Settings, aggregator: Aggregator | None = None) -> Fast
 
     @app.put(
         "/v1/metrics/{name}",
-        response_model=Metric,
+        response_model=MetricSpec,
         status_code=200,
         tags=["metrics"],
-        responses={201: {"model": Metric, "description": "A new version was created."}},
+        responses={201: {"model": MetricSpec, "description": "A new version was created."}},
     )
     async def define_metric(
         name: MetricName, definition: MetricDefinition, response: Response, principal: Admin

@@ -15,9 +15,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from aggregator.registry import Metric
 from shared.estimates import Estimate, MeanEstimate
 from shared.mechanisms import Mechanism, Rappor, RapporEstimate
+from shared.schemas import MetricSpec
 from shared.statistics import CountStatistics, MomentStatistics
 
 CONFIDENCE = 0.95
@@ -139,7 +139,7 @@ EstimateOut = CategoricalEstimateOut | NumericEstimateOut | StringEstimateOut
 
 
 def build_estimate(
-    metric: Metric,
+    metric: MetricSpec,
     mechanism: Mechanism,
     stats: CountStatistics | MomentStatistics,
     window: EstimateWindow,

@@ -14,106 +14,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, Protocol, cast
-from uuid import UUID
+from typing import Any, Protocol
 
 import numpy as np
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictInt,
-    StrictStr,
-    StringConstraints,
-    field_validator,
-)
-from pydantic.json_schema import JsonDict
 
 from aggregator.storage import PartialRow
 from shared.mechanisms import Mechanism
+from shared.schemas import ReportBatch
 
 #: Reports may be stamped up to this far ahead of the server's clock (clock skew).
 FUTURE_TOLERANCE = timedelta(hours=1)
-
-
-def _payload_schema(title: str, **properties: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "title": title,
-        "type": "object",
-        "properties": properties,
-        "required": sorted(properties),
-        "additionalProperties": False,
-    }
-
-
-_INTEGER: dict[str, Any] = {"type": "integer"}
-_BASE64: dict[str, Any] = {"type": "string", "contentEncoding": "base64"}
-#: The payload shapes of the mechanisms (OpenAPI documentation; ``from_payloads`` checks).
-PAYLOAD_SCHEMAS: list[dict[str, Any]] = [
-    _payload_schema("IndexPayload", value=_INTEGER),
-    _payload_schema("NumberPayload", value={"type": "number"}),
-    _payload_schema("BitsPayload", bits=_BASE64),
-    _payload_schema("HashPayload", a=_INTEGER, b=_INTEGER, value=_INTEGER),
-    _payload_schema("RapporPayload", cohort=_INTEGER, bits=_BASE64),
-]
-
-
-#: Payload keys are short names; values are integers, finite numbers or (base64) strings,
-#: checked by pydantic's compiled validators (NaN and infinities refused), then by the
-#: mechanism's ``from_payloads``.
-PayloadKey = Annotated[str, StringConstraints(max_length=32)]
-PayloadValue = StrictInt | Annotated[float, Field(strict=True, allow_inf_nan=False)] | StrictStr
-
-
-class ReportIn(BaseModel):
-    """One perturbed report. It carries nothing that identifies the device."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    report_id: UUID = Field(description="Random UUID chosen by the device; retries reuse it.")
-    metric: str = Field(min_length=1, max_length=64)
-    version: int = Field(
-        strict=True, ge=1, le=2**31 - 1, description="The metric version the report was made for."
-    )
-    payload: dict[PayloadKey, PayloadValue] = Field(
-        description=(
-            "The mechanism's report: {'value': int} (grr, hr; laplace: grid index; duchi: "
-            "+1/-1), {'value': number} (piecewise), {'bits': base64} (sue, oue: "
-            "numpy.packbits bytes), {'a', 'b', 'value'} (olh), {'cohort': int, 'bits': "
-            "base64} (rappor: bit i is bit i % 8 of byte i // 8)."
-        ),
-        json_schema_extra=cast(JsonDict, {"anyOf": PAYLOAD_SCHEMAS}),
-    )
-    time: datetime | None = Field(
-        default=None,
-        description="UTC time truncated to the hour (ISO-8601); the server's hour if absent.",
-    )
-
-    @field_validator("time")
-    @classmethod
-    def _coarse_utc(cls, value: datetime | None) -> datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None or value.utcoffset() != timedelta(0):
-            raise ValueError("time must be UTC, e.g. 2026-11-22T10:00:00Z")
-        if (value.minute, value.second, value.microsecond) != (0, 0, 0):
-            raise ValueError("time must be truncated to the hour (a precise time can identify)")
-        return value
-
-
-class ReportBatch(BaseModel):
-    """The body of ``POST /v1/reports``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    reports: list[ReportIn] = Field(min_length=1)
-
-
-class IngestResult(BaseModel):
-    """The reply to ``POST /v1/reports``: reports newly counted, and retries ignored."""
-
-    accepted: int
-    duplicates: int
 
 
 @dataclass

@@ -19,75 +19,12 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ValidationError
 
-from shared.schemas import NAME_PATTERN, MechanismSpec
+from shared.schemas import NAME_PATTERN, MechanismSpec, MetricDefinition
 
 #: Metric names: lower-case letters, digits, '.', '_' and '-', starting with a letter or digit.
 METRIC_NAME = NAME_PATTERN
-#: Longest label (category name or RAPPOR candidate string).
-MAX_LABEL_LENGTH = 512
-#: Most RAPPOR candidate strings a metric may list.
-MAX_CANDIDATES = 100_000
-
-
-class MetricDefinition(BaseModel):
-    """The body of ``PUT /v1/metrics/{name}`` and one metric of a TOML file."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    description: str = Field(default="", max_length=2000)
-    mechanism: MechanismSpec
-    labels: tuple[str, ...] | None = Field(
-        default=None,
-        description=(
-            "Categorical metrics: the category names in index order (exactly domain_size of "
-            "them). RAPPOR: the candidate strings to decode against. Numeric: omit."
-        ),
-    )
-
-    @field_validator("labels")
-    @classmethod
-    def _labels_are_distinct(cls, labels: tuple[str, ...] | None) -> tuple[str, ...] | None:
-        if labels is None:
-            return None
-        seen: set[str] = set()
-        for index, label in enumerate(labels):
-            if not label or len(label) > MAX_LABEL_LENGTH:
-                raise ValueError(f"label {index} must have 1..{MAX_LABEL_LENGTH} characters")
-            if label in seen:
-                raise ValueError(f"label {label!r} is listed more than once")
-            seen.add(label)
-        return labels
-
-    @model_validator(mode="after")
-    def _labels_fit_the_mechanism(self) -> MetricDefinition:
-        kind, labels = self.mechanism.kind, self.labels
-        if kind == "categorical" and labels is not None:
-            if len(labels) != self.mechanism.domain_size:
-                raise ValueError(
-                    f"labels: got {len(labels)} labels for domain_size "
-                    f"{self.mechanism.domain_size}; give one per category"
-                )
-        elif kind == "numeric" and labels is not None:
-            raise ValueError("labels: numeric metrics take no labels (their range is in the spec)")
-        elif kind == "string" and labels is not None and len(labels) > MAX_CANDIDATES:
-            raise ValueError(f"labels: at most {MAX_CANDIDATES} RAPPOR candidates")
-        return self
-
-
-class Metric(MetricDefinition):
-    """A stored metric version: a definition with its name and server-assigned version."""
-
-    name: str
-    version: int = Field(ge=1)
-
-    def label_of(self, index: int) -> str | None:
-        return self.labels[index] if self.labels is not None else None
-
-    def same_spec(self, definition: MetricDefinition) -> bool:
-        """Whether ``definition`` can share this version (it differs at most in description)."""
-        return self.mechanism == definition.mechanism and self.labels == definition.labels
 
 
 def check_metric_name(name: str) -> str:

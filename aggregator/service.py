@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from aggregator.estimates import EstimateWindow, build_estimate
-from aggregator.ingest import BatchRejected, IngestResult, ReportBatch, prepare, utc_now
-from aggregator.registry import Metric, MetricDefinition, check_metric_name
+from aggregator.ingest import BatchRejected, prepare, utc_now
+from aggregator.registry import check_metric_name
 from aggregator.settings import Settings
 from aggregator.storage import Storage
 from shared.mechanisms import Mechanism, make_mechanism
+from shared.schemas import IngestResult, MetricDefinition, MetricSpec, ReportBatch
 
 logger = logging.getLogger("ldp.aggregator")
 
@@ -49,7 +50,7 @@ class Catalog:
         self._storage = storage
         self._refresh_seconds = refresh_seconds
         self._lock = threading.Lock()
-        self._metrics: dict[tuple[str, int], Metric] = {}
+        self._metrics: dict[tuple[str, int], MetricSpec] = {}
         self._mechanisms: dict[tuple[str, int], Mechanism] = {}
         self._loaded_at = -float("inf")
         self.reload()
@@ -58,7 +59,7 @@ class Catalog:
         """Read every metric version; one whose mechanism cannot be built is left out (logged)."""
         with self._lock:
             known_metrics, known = dict(self._metrics), dict(self._mechanisms)
-        metrics: dict[tuple[str, int], Metric] = {}
+        metrics: dict[tuple[str, int], MetricSpec] = {}
         mechanisms: dict[tuple[str, int], Mechanism] = {}
         for metric in self._storage.metrics():
             key = (metric.name, metric.version)
@@ -75,7 +76,7 @@ class Catalog:
             self._metrics, self._mechanisms = metrics, mechanisms
             self._loaded_at = time.monotonic()
 
-    def get(self, name: str, version: int | None = None) -> Metric | None:
+    def get(self, name: str, version: int | None = None) -> MetricSpec | None:
         """A version of ``name`` (its latest when ``version`` is None), or None."""
         found = self._lookup(name, version)
         if found is None and time.monotonic() - self._loaded_at >= self._refresh_seconds:
@@ -83,7 +84,7 @@ class Catalog:
             found = self._lookup(name, version)
         return found
 
-    def _lookup(self, name: str, version: int | None) -> Metric | None:
+    def _lookup(self, name: str, version: int | None) -> MetricSpec | None:
         with self._lock:
             if version is not None:
                 return self._metrics.get((name, version))
@@ -96,17 +97,17 @@ class Catalog:
         with self._lock:
             return self._mechanisms[(name, version)]
 
-    def latest(self) -> list[Metric]:
+    def latest(self) -> list[MetricSpec]:
         """The current version of every metric, by name."""
         self.reload()
         with self._lock:
-            best: dict[str, Metric] = {}
+            best: dict[str, MetricSpec] = {}
             for metric in self._metrics.values():
                 if metric.name not in best or metric.version > best[metric.name].version:
                     best[metric.name] = metric
         return [best[name] for name in sorted(best)]
 
-    def versions(self, name: str) -> list[Metric]:
+    def versions(self, name: str) -> list[MetricSpec]:
         self.reload()
         with self._lock:
             found = [m for (n, _), m in self._metrics.items() if n == name]
@@ -130,7 +131,7 @@ class Aggregator:
     def close(self) -> None:
         self.storage.close()
 
-    def define(self, name: str, definition: MetricDefinition) -> tuple[Metric, bool]:
+    def define(self, name: str, definition: MetricDefinition) -> tuple[MetricSpec, bool]:
         check_metric_name(name)
         make_mechanism(definition.mechanism)  # refuse a spec the mechanism cannot serve
         metric, created = self.storage.define_metric(name, definition)

@@ -28,9 +28,10 @@ import numpy as np
 
 from client.ledger import BudgetLimits, BudgetStatus, PrivacyLedger
 from client.outbox import Outbox
-from client.specs import MetricSpec, SpecCache, SpecError
+from client.specs import SpecCache, SpecError
 from client.transport import RetryPolicy, Uploader
 from shared.mechanisms import Mechanism, Rappor, make_mechanism
+from shared.schemas import MetricSpec
 
 
 class TelemetryClient:

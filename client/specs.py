@@ -1,7 +1,7 @@
 """Metric specs as the device sees them: fetched from the aggregator, checked, cached on disk.
 
 ``GET /v1/metrics`` is public; the device validates every spec itself (the same
-``MechanismSpec`` model as the server) and refuses what it cannot verify or what
+``MetricSpec`` model as the server) and refuses what it cannot verify or what
 exceeds its own limits. The last good list is kept in ``specs.json`` (written to a
 temporary file, fsynced, renamed), so a device that starts offline still knows its
 metrics, and refreshed every ``refresh_seconds``.
@@ -17,9 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ValidationError
 
-from shared.schemas import MechanismSpec
+from shared.schemas import MetricSpec
 
 SPECS_FILE = "specs.json"
 #: Seconds between attempts to fetch the specs after a failure.
@@ -28,31 +28,6 @@ RETRY_SECONDS = 60.0
 
 class SpecError(Exception):
     """A metric cannot be recorded: unknown, unverifiable, or beyond the device's limits."""
-
-
-class MetricSpec(BaseModel):
-    """One metric as ``GET /v1/metrics`` lists it."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    name: str
-    version: int = Field(ge=1)
-    description: str = ""
-    mechanism: MechanismSpec
-    labels: tuple[str, ...] | None = None
-
-    @model_validator(mode="after")
-    def _labels_fit_the_mechanism(self) -> MetricSpec:
-        labels, kind = self.labels, self.mechanism.kind
-        if labels is None:
-            return self
-        if len(set(labels)) != len(labels):
-            raise ValueError("labels are not distinct")
-        if kind == "categorical" and len(labels) != self.mechanism.domain_size:
-            raise ValueError(f"{len(labels)} labels for domain_size {self.mechanism.domain_size}")
-        if kind == "numeric":
-            raise ValueError("a numeric metric has no labels")
-        return self
 
 
 class SpecCache:

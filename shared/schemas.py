@@ -15,18 +15,26 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Literal, TypeAlias
+from datetime import datetime, timedelta
+from typing import Annotated, Any, Literal, TypeAlias, cast
+from uuid import UUID
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
+    StrictInt,
+    StrictStr,
+    StringConstraints,
     ValidationInfo,
     field_validator,
     model_serializer,
     model_validator,
 )
+from pydantic.json_schema import JsonDict
+
+from shared.estimates import Estimate, MeanEstimate  # noqa: F401 - part of the contract
 
 CategoricalName: TypeAlias = Literal["grr", "sue", "oue", "olh", "hr", "auto"]
 NumericName: TypeAlias = Literal["laplace", "duchi", "piecewise"]
@@ -306,3 +314,175 @@ class MechanismSpec(BaseModel):
         if self.mechanism in STRING_MECHANISMS:
             return "string"
         return "numeric"
+
+
+# --- metrics ---------------------------------------------------------------------------
+
+#: Longest label (category name or RAPPOR candidate string).
+MAX_LABEL_LENGTH = 512
+#: Most RAPPOR candidate strings a metric may list.
+MAX_CANDIDATES = 100_000
+
+
+class MetricDefinition(BaseModel):
+    """The body of ``PUT /v1/metrics/{name}`` and one metric of a TOML file."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    description: str = Field(default="", max_length=2000)
+    mechanism: MechanismSpec
+    labels: tuple[str, ...] | None = Field(
+        default=None,
+        description=(
+            "Categorical metrics: the category names in index order (exactly domain_size of "
+            "them). RAPPOR: the candidate strings to decode against. Numeric: omit."
+        ),
+    )
+
+    @field_validator("labels")
+    @classmethod
+    def _labels_are_distinct(cls, labels: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if labels is None:
+            return None
+        seen: set[str] = set()
+        for index, label in enumerate(labels):
+            if not label or len(label) > MAX_LABEL_LENGTH:
+                raise ValueError(f"label {index} must have 1..{MAX_LABEL_LENGTH} characters")
+            if label in seen:
+                raise ValueError(f"label {label!r} is listed more than once")
+            seen.add(label)
+        return labels
+
+    @model_validator(mode="after")
+    def _labels_fit_the_mechanism(self) -> MetricDefinition:
+        kind, labels = self.mechanism.kind, self.labels
+        if kind == "categorical" and labels is not None:
+            if len(labels) != self.mechanism.domain_size:
+                raise ValueError(
+                    f"labels: got {len(labels)} labels for domain_size "
+                    f"{self.mechanism.domain_size}; give one per category"
+                )
+        elif kind == "numeric" and labels is not None:
+            raise ValueError("labels: numeric metrics take no labels (their range is in the spec)")
+        elif kind == "string" and labels is not None and len(labels) > MAX_CANDIDATES:
+            raise ValueError(f"labels: at most {MAX_CANDIDATES} RAPPOR candidates")
+        return self
+
+
+class MetricSpec(MetricDefinition):
+    """A published metric version, as ``GET /v1/metrics`` lists it: a definition with its
+    name and the version the server assigned. Fields it does not know are ignored, so that
+    a device keeps reading the list when a newer aggregator adds some."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    name: str
+    version: int = Field(ge=1)
+
+    def label_of(self, index: int) -> str | None:
+        return self.labels[index] if self.labels is not None else None
+
+    def same_spec(self, definition: MetricDefinition) -> bool:
+        """Whether ``definition`` can share this version (it differs at most in description)."""
+        return self.mechanism == definition.mechanism and self.labels == definition.labels
+
+
+# --- reports (the body of POST /v1/reports and its reply) ------------------------------
+
+
+def _payload_schema(title: str, **properties: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "title": title,
+        "type": "object",
+        "properties": properties,
+        "required": sorted(properties),
+        "additionalProperties": False,
+    }
+
+
+_INTEGER: dict[str, Any] = {"type": "integer"}
+_BASE64: dict[str, Any] = {"type": "string", "contentEncoding": "base64"}
+#: The payload shapes of the mechanisms (OpenAPI documentation; ``from_payloads`` checks).
+PAYLOAD_SCHEMAS: list[dict[str, Any]] = [
+    _payload_schema("IndexPayload", value=_INTEGER),
+    _payload_schema("NumberPayload", value={"type": "number"}),
+    _payload_schema("BitsPayload", bits=_BASE64),
+    _payload_schema("HashPayload", a=_INTEGER, b=_INTEGER, value=_INTEGER),
+    _payload_schema("RapporPayload", cohort=_INTEGER, bits=_BASE64),
+]
+
+
+#: Payload keys are short names; values are integers, finite numbers or (base64) strings,
+#: checked by pydantic's compiled validators (NaN and infinities refused), then by the
+#: mechanism's ``from_payloads``.
+PayloadKey = Annotated[str, StringConstraints(max_length=32)]
+PayloadValue = StrictInt | Annotated[float, Field(strict=True, allow_inf_nan=False)] | StrictStr
+
+
+class Report(BaseModel):
+    """One perturbed report. It carries nothing that identifies the device."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    report_id: UUID = Field(description="Random UUID chosen by the device; retries reuse it.")
+    metric: str = Field(min_length=1, max_length=64)
+    version: int = Field(
+        strict=True, ge=1, le=2**31 - 1, description="The metric version the report was made for."
+    )
+    payload: dict[PayloadKey, PayloadValue] = Field(
+        description=(
+            "The mechanism's report: {'value': int} (grr, hr; laplace: grid index; duchi: "
+            "+1/-1), {'value': number} (piecewise), {'bits': base64} (sue, oue: "
+            "numpy.packbits bytes), {'a', 'b', 'value'} (olh), {'cohort': int, 'bits': "
+            "base64} (rappor: bit i is bit i % 8 of byte i // 8)."
+        ),
+        json_schema_extra=cast(JsonDict, {"anyOf": PAYLOAD_SCHEMAS}),
+    )
+    time: datetime | None = Field(
+        default=None,
+        description="UTC time truncated to the hour (ISO-8601); the server's hour if absent.",
+    )
+
+    @field_validator("time")
+    @classmethod
+    def _coarse_utc(cls, value: datetime | None) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None or value.utcoffset() != timedelta(0):
+            raise ValueError("time must be UTC, e.g. 2026-11-22T10:00:00Z")
+        if (value.minute, value.second, value.microsecond) != (0, 0, 0):
+            raise ValueError("time must be truncated to the hour (a precise time can identify)")
+        return value
+
+
+class ReportBatch(BaseModel):
+    """The body of ``POST /v1/reports``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reports: list[Report] = Field(min_length=1)
+
+
+class IngestResult(BaseModel):
+    """The reply to ``POST /v1/reports``: reports newly counted, and retries ignored."""
+
+    accepted: int
+    duplicates: int
+
+
+# --- estimates and federated learning --------------------------------------------------
+
+#: The federated messages (``shared.federated.messages``), importable from here too; they
+#: load on first use, as they need the federated task model, which needs this module.
+_FEDERATED_MESSAGES = frozenset(
+    {"EvaluationSet", "RoundOut", "RoundRecordOut", "TaskCreate", "TaskStatus",
+     "UpdateAccepted", "UpdateUpload"}
+)  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FEDERATED_MESSAGES:
+        from shared.federated import messages
+
+        return getattr(messages, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

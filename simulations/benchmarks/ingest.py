@@ -644,9 +644,9 @@ def stage_breakdown(
     """
     from sqlalchemy import event
 
-    from aggregator.registry import MetricDefinition
     from aggregator.service import Aggregator
     from aggregator.settings import Settings
+    from shared.schemas import MetricDefinition
 
     directory = Path(tempfile.mkdtemp(prefix="stages-", dir=workdir))
     database = str(directory / "aggregator.sqlite3")
@@ -707,7 +707,7 @@ def time_stages(
     commit starts at SQLAlchemy's commit event (``marks["commit"]``). "prepare" is from
     the validated batch to ``Storage.ingest``.
     """
-    from aggregator.ingest import ReportBatch
+    from shared.schemas import ReportBatch
 
     storage = service.storage
     original = storage.ingest
@@ -808,7 +808,7 @@ def handler_seconds(client: httpx.Client) -> tuple[float, int]:
 
 def profile_ingest(service: Any, bodies: list[bytes]) -> str:
     """cProfile of validation + ``Aggregator.ingest`` over ``bodies``: top functions by own time."""
-    from aggregator.ingest import ReportBatch
+    from shared.schemas import ReportBatch
 
     profiler = cProfile.Profile()
     profiler.enable()

@@ -677,11 +677,11 @@ def test_openapi_document(api: Api) -> None:
     assert response.status_code == 200
     document = response.json()
     schemas = document["components"]["schemas"]
-    assert "ReportBatch" in schemas and "ReportIn" in schemas
+    assert "ReportBatch" in schemas and "Report" in schemas
     assert schemas["ReportBatch"]["properties"]["reports"]["items"] == {
-        "$ref": "#/components/schemas/ReportIn"
+        "$ref": "#/components/schemas/Report"
     }
-    assert set(schemas["ReportIn"]["required"]) == {"report_id", "metric", "version", "payload"}
+    assert set(schemas["Report"]["required"]) == {"report_id", "metric", "version", "payload"}
     body = document["paths"]["/v1/reports"]["post"]["requestBody"]
     assert body["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/ReportBatch"

@@ -27,11 +27,11 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from aggregator.app import create_app
 from aggregator.auth import KeyRing
-from aggregator.ingest import ReportBatch
 from aggregator.registry import DEMO_METRICS
 from aggregator.service import Aggregator
 from aggregator.settings import Settings
 from shared.mechanisms import Rappor, make_mechanism
+from shared.schemas import ReportBatch
 
 KEYS = {
     "admin": "fuzz-admin-key-0123456789",

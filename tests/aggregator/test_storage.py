@@ -10,12 +10,12 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
 from sqlalchemy import inspect, update
 
-from aggregator.registry import MetricDefinition
 from aggregator.storage import (
     SCHEMA_VERSION,
     PartialRow,
@@ -23,7 +23,7 @@ from aggregator.storage import (
     Storage,
     schema_info,
 )
-from shared.schemas import MechanismSpec
+from shared.schemas import MechanismSpec, MetricDefinition
 from shared.statistics import CountStatistics
 
 HOUR = 3600
@@ -386,3 +386,45 @@ def test_concurrent_ingest_of_overlapping_ids_counts_each_once(storage: Storage)
     assert total_n(storage) == len(sent)
     # The overlap is real: some ids were sent by more than one writer.
     assert len(sent) < writers * batches * size
+
+
+def test_two_storages_on_one_sqlite_file_take_turns_and_count_each_id_once(
+    tmp_path: Path,
+) -> None:
+    """Two ``Storage`` objects on one SQLite file stand for two worker processes: while
+    one writes, the other's write waits on the writers' file lock (it does not fail or
+    poll), and overlapping batches from both count every id once."""
+    path = str(tmp_path / "shared.sqlite3")
+    first, second = Storage(path), Storage(path)
+    try:
+        lock = first._writers_lock
+        assert lock is not None
+        finished = threading.Event()
+
+        def write_from_second() -> None:
+            second.ingest(ids(10), counting_fold())
+            finished.set()
+
+        with lock:  # as if the other process were committing
+            writer = threading.Thread(target=write_from_second)
+            writer.start()
+            assert not finished.wait(0.5)
+        writer.join(timeout=30)
+        assert finished.is_set()
+
+        batches = [ids(300, start) for start in (0, 100, 200, 300)]
+        replies: list[tuple[int, int]] = []
+        threads = [
+            threading.Thread(target=lambda s=s, b=b: replies.append(s.ingest(b, counting_fold())))
+            for s, b in zip((first, second, first, second), batches, strict=True)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert sum(accepted for accepted, _ in replies) == 600 - 10
+        assert first.report_count() == second.report_count() == 600
+        assert total_n(first) == total_n(second) == 600
+    finally:
+        first.close()
+        second.close()

@@ -228,12 +228,9 @@ def test_metric_with_a_nonsense_version_is_refused(
 def test_labels_that_do_not_match_the_domain_are_refused(
     tmp_path: Path, clients: list[TelemetryClient]
 ) -> None:
-    """Three labels for a two-category mechanism: the SDK cannot tell what a label means.
-
-    Fails at present: the client's ``MetricSpec`` accepts the spec, ``record`` debits the
-    budget, and the mechanism then raises ``ValueError`` (index 2 outside 0..1), so the
-    epsilon is spent on a report that never exists and the error is not a ``SpecError``.
-    """
+    """Three labels for a two-category mechanism: the SDK cannot tell what a label means,
+    so it refuses the spec before anything is spent (not, say, debit the budget and then
+    fail in the mechanism on index 2 of a domain 0..1)."""
     bad = metric("app.bad", {"mechanism": "grr", "epsilon": 1.0, "domain_size": 2}, ["a", "b", "c"])
     client = FakeAggregator([bad]).client(tmp_path)
     clients.append(client)

@@ -309,3 +309,44 @@ def test_auto_picks_grr_for_small_domains(epsilon: float, d: int, grr: bool) -> 
     assert (d < 3 * math.exp(epsilon) + 2) == grr  # the cases are on the side they claim
     chosen = make_mechanism(MechanismSpec(mechanism="auto", epsilon=epsilon, domain_size=d))
     assert (chosen.name == "grr") == grr, chosen.name
+
+
+# --- the wire contract: metrics, reports and the federated messages live here ----------
+
+
+def test_a_metric_spec_checks_its_labels_against_the_mechanism() -> None:
+    import shared.schemas as schemas
+
+    grr = {"mechanism": "grr", "epsilon": 1.0, "domain_size": 2}
+    spec = schemas.MetricSpec.model_validate(
+        {"name": "m", "version": 1, "mechanism": grr, "labels": ["a", "b"], "added": "later"}
+    )  # a field a newer aggregator adds is ignored by an older device
+    assert spec.label_of(1) == "b" and not hasattr(spec, "added")
+    for labels, message in ((["a", "b", "c"], "3 labels"), (["a", "a"], "more than once")):
+        with pytest.raises(ValidationError, match=message):
+            schemas.MetricSpec.model_validate(
+                {"name": "m", "version": 1, "mechanism": grr, "labels": labels}
+            )
+    with pytest.raises(ValidationError, match="extra"):
+        schemas.MetricDefinition.model_validate({"mechanism": grr, "labels": None, "added": 1})
+
+
+def test_reports_and_federated_messages_import_from_the_schemas_module() -> None:
+    import shared.schemas as schemas
+    from shared.estimates import Estimate
+    from shared.federated import messages
+
+    batch = schemas.ReportBatch.model_validate_json(
+        '{"reports": [{"report_id": "3f0e5b8a-1111-4222-8333-444455556666", "metric": "m",'
+        ' "version": 1, "payload": {"value": 2}, "time": "2026-11-24T10:00:00Z"}]}'
+    )
+    assert isinstance(batch.reports[0], schemas.Report)
+    with pytest.raises(ValidationError, match="truncated to the hour"):
+        schemas.Report.model_validate(
+            batch.reports[0].model_dump() | {"time": "2026-11-24T10:30:00Z"}
+        )
+    assert schemas.Estimate is Estimate
+    for name in ("RoundOut", "UpdateUpload", "UpdateAccepted", "TaskCreate", "TaskStatus"):
+        assert getattr(schemas, name) is getattr(messages, name)
+    with pytest.raises(AttributeError, match="NoSuchModel"):
+        _ = schemas.NoSuchModel  # type: ignore[attr-defined]
