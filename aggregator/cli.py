@@ -90,8 +90,8 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     service = Aggregator(settings)
     if args.workers > 1 and service.storage.dialect == "sqlite":
         print(
-            "warning: SQLite has one writer at a time; with several workers they queue on its "
-            "lock (slower, with a long latency tail). Use --workers 1 with SQLite, or PostgreSQL.",
+            "note: SQLite has one writer at a time; several workers share the validation "
+            "work but take turns to commit. PostgreSQL is the path past that.",
             file=sys.stderr,
         )
     try:
