@@ -103,12 +103,21 @@ def prepare(
     members: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
     current = int(now.timestamp()) // bucket_seconds * bucket_seconds
     latest = now + FUTURE_TOLERANCE
+    # A batch names few metric versions and hours: each is looked up once.
+    known: dict[tuple[str, int], bool] = {}
+    buckets: dict[datetime, int] = {}
     for index, report in enumerate(batch.reports):
-        if catalog.mechanism(report.metric, report.version) is None:
+        group_key = (report.metric, report.version)
+        found = known.get(group_key)
+        if found is None:
+            found = known[group_key] = catalog.mechanism(*group_key) is not None
+        if not found:
             problems.append(_unknown(catalog, index, report.metric, report.version))
             continue
         if report.time is None:
             bucket = current
+        elif (cached := buckets.get(report.time)) is not None:
+            bucket = cached
         elif report.time > latest:
             problems.append(
                 _problem(index, "time", f"time {report.time.isoformat()} is in the future")
@@ -123,6 +132,7 @@ def prepare(
             continue
         else:
             bucket = int(report.time.timestamp()) // bucket_seconds * bucket_seconds
+            buckets[report.time] = bucket
         key = report.report_id.bytes
         position = first_position.get(key, -1)
         if position < 0:
@@ -130,7 +140,7 @@ def prepare(
             ids.append(key)
         else:
             position = -1  # a repeat: checked, never folded
-        members.setdefault((report.metric, report.version), []).append((index, position, bucket))
+        members.setdefault(group_key, []).append((index, position, bucket))
     prepared = PreparedBatch(ids)
     for (metric, version), items in members.items():
         mechanism = catalog.mechanism(metric, version)
