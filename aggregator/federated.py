@@ -169,22 +169,18 @@ class Federated:
             if task.status != "running":
                 raise _finished(task)
             state = _state(task)
-            if upload.round != task.round:
-                raise FederatedError(
-                    409,
-                    "stale-round",
-                    "Not the open round",
-                    f"the upload is for round {upload.round}; round {task.round} is open",
-                    [{"field": "round", "message": f"expected {task.round}"}],
+            if (upload.round, upload.attempt) != (task.round, state.attempt):
+                field, expected, detail = (
+                    ("round", task.round, f"round {task.round} is open")
+                    if upload.round != task.round
+                    else ("attempt", state.attempt, f"attempt {state.attempt} is open (restarted)")
                 )
-            if upload.attempt != state.attempt:
                 raise FederatedError(
                     409,
                     "stale-round",
                     "Not the open round",
-                    f"the upload is for attempt {upload.attempt} of round {task.round}; "
-                    f"attempt {state.attempt} is open (the round was restarted)",
-                    [{"field": "attempt", "message": f"expected {state.attempt}"}],
+                    f"the upload is for round {upload.round}, attempt {upload.attempt}; {detail}",
+                    [{"field": field, "message": f"expected {expected}"}],
                 )
             _check_vector(state, raw)
             return task.round
