@@ -10,10 +10,15 @@ Exactness
 ---------
 * ``integers(high)`` is exactly uniform on ``{0, ..., high - 1}`` (rejection
   sampling on masked words, or numpy's unbiased bounded integers).
-* ``bernoulli(p)`` and ``bernoulli_bits(p)`` return 1 with probability exactly
-  ``floor(p * 2**53) / 2**53``: the uniform 53-bit integer ``U`` is compared
-  with ``T = floor(p * 2**53)``. That is ``p`` itself to within 2**-53, and it
-  is the probability the mechanisms' exact privacy tests use.
+* ``bernoulli_below(T)`` and ``bernoulli_bits(T)`` return 1 with probability
+  exactly ``T / 2**53``: a uniform 53-bit integer ``U`` is compared with the
+  integer threshold ``T``. ``threshold53(p, rounding)`` turns a probability into
+  a threshold, rounding ``p * 2**53`` down or up as the caller says: a mechanism
+  rounds each of its probabilities in the direction that cannot raise a
+  likelihood ratio, and ``certified_threshold`` steps further in that direction
+  until the realized ratio, computed exactly from the thresholds, is proven to
+  be at most ``e^epsilon`` (``ratio_within_epsilon``). ``bernoulli(p)`` is the
+  generic form for probabilities no privacy bound depends on: ``T = floor(p 2^53)``.
 * ``bernoulli_exp`` and ``discrete_laplace`` follow Canonne, Kamath and Steinke,
   "The Discrete Gaussian for Differential Privacy" (NeurIPS 2020), Algorithms 1
   and 2: only uniform integers and comparisons, no floating point, so the
@@ -26,35 +31,116 @@ from __future__ import annotations
 
 import math
 import os
-from typing import TypeAlias
+from collections.abc import Callable
+from decimal import Context, Decimal, localcontext
+from fractions import Fraction
+from functools import lru_cache
+from typing import Literal, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
 
 Rng: TypeAlias = np.random.Generator | None
+#: Which way ``threshold53`` rounds ``p * 2**53``.
+Rounding: TypeAlias = Literal["down", "up"]
 
 #: Packed Bernoulli matrices of at most this many 64-bit words draw one U per bit.
 DIRECT_BERNOULLI_WORDS = 64
-_BITS53 = 1 << 53
+#: Scale of every threshold: a Bernoulli draw compares a uniform 53-bit integer with T.
+BITS53 = 1 << 53
 _WORD_DTYPE = np.dtype(np.uint64)
 _WORD_MAX = np.iinfo(np.uint64).max
 
 
-def threshold53(p: float | npt.ArrayLike) -> np.ndarray:
-    """``T = floor(p * 2**53)``, so that ``P(U < T) = T / 2**53`` for a uniform 53-bit U."""
+def threshold53(p: float | npt.ArrayLike, rounding: Rounding) -> np.ndarray:
+    """``T = floor(p * 2**53)`` (``rounding="down"``) or ``ceil(p * 2**53)`` (``"up"``).
+
+    ``P(U < T) = T / 2**53`` for a uniform 53-bit U. Scaling a double by 2**53 is exact,
+    so T is the floor or ceiling of the exact product: the realized probability is at
+    most (down) or at least (up) the double ``p``.
+    """
+    if rounding not in ("down", "up"):
+        raise ValueError(f"rounding must be 'down' or 'up', got {rounding!r}")
+    step = math.floor if rounding == "down" else math.ceil
     if isinstance(p, float | int) and not isinstance(p, bool):  # the common scalar case
         if not 0.0 <= p <= 1.0:  # also refuses NaN
             raise ValueError(f"probabilities must lie in [0, 1], got {p!r}")
-        return np.uint64(math.floor(p * _BITS53))  # type: ignore[return-value]
+        return np.uint64(step(p * BITS53))  # type: ignore[return-value]
     probs = np.asarray(p, dtype=np.float64)
     if np.any(~np.isfinite(probs)) or np.any(probs < 0.0) or np.any(probs > 1.0):
         raise ValueError(f"probabilities must lie in [0, 1], got {probs!r}")
-    return np.floor(probs * _BITS53).astype(np.uint64)
+    scaled = probs * BITS53
+    return (np.floor(scaled) if rounding == "down" else np.ceil(scaled)).astype(np.uint64)
 
 
 def exact_probability(p: float) -> float:
     """The probability ``bernoulli(p)`` actually realizes: ``floor(p * 2**53) / 2**53``."""
-    return float(int(threshold53(p)) / _BITS53)
+    return realized_probability(int(threshold53(p, "down")))
+
+
+def realized_probability(threshold: int) -> float:
+    """``T / 2**53``, the probability a threshold realizes (exact: T <= 2**53 fits a double)."""
+    return threshold / BITS53
+
+
+#: Decimal digits of the e^epsilon that ``ratio_within_epsilon`` compares against.
+_EXP_DIGITS = 60
+
+
+@lru_cache(maxsize=256)
+def _exp_lower_bound(epsilon: float) -> Fraction:
+    """A rational at most ``e^epsilon`` and within 10^-58 of it (relative).
+
+    ``Decimal.exp`` is correctly rounded: the 60-digit result x satisfies
+    |x - e^eps| <= ulp(x) / 2, so x - ulp(x) is a certain lower bound.
+    """
+    with localcontext(Context(prec=_EXP_DIGITS)):
+        value = Decimal(epsilon).exp()  # Decimal(float) is the double's exact value
+        return Fraction(value - Decimal(1).scaleb(value.adjusted() - _EXP_DIGITS + 1))
+
+
+def ratio_within_epsilon(ratio: Fraction, epsilon: float) -> bool:
+    """Whether the exact rational likelihood ratio is provably at most ``e^epsilon``.
+
+    Exact rational arithmetic against a certified lower bound of e^epsilon (60 digits):
+    True proves ``ratio <= e^epsilon``; a ratio within 10^-58 (relative) of e^epsilon is
+    refused too, a margin far below one step of any 53-bit threshold.
+    """
+    return ratio <= _exp_lower_bound(float(epsilon))
+
+
+#: Steps ``certified_threshold`` takes before declaring the starting threshold wrong.
+_MAX_CERTIFY_STEPS = 64
+
+
+def certified_threshold(
+    p: float, rounding: Rounding, ratio: Callable[[int], Fraction], epsilon: float
+) -> int:
+    """``threshold53(p, rounding)``, stepped one unit at a time in the same direction until
+    ``ratio(T)`` (a likelihood ratio computed exactly from T) is at most e^epsilon.
+
+    ``rounding`` must be the direction in which ``ratio`` does not increase. Rounding
+    the double ``p`` is not enough on its own: ``p`` is itself a rounded formula, and a
+    ratio such as (1 - q) / q magnifies its last bits; a few steps absorb that.
+    """
+    return step_until_within(int(threshold53(p, rounding)), rounding, ratio, epsilon)
+
+
+def step_until_within(
+    threshold: int, rounding: Rounding, ratio: Callable[[int], Fraction], epsilon: float
+) -> int:
+    """The first of ``threshold``, ``threshold -+ 1``, ... (down or up) whose exact
+    ``ratio`` is proven at most e^epsilon (``ratio_within_epsilon``); ValueError after
+    64 steps, which only a wrong formula or rounding direction can take."""
+    step = -1 if rounding == "down" else 1
+    for _ in range(_MAX_CERTIFY_STEPS):
+        if 0 <= threshold <= BITS53 and ratio_within_epsilon(ratio(threshold), epsilon):
+            return threshold
+        threshold += step
+    raise ValueError(
+        f"no 53-bit threshold near {threshold - step * _MAX_CERTIFY_STEPS} keeps the "
+        f"likelihood ratio within e^{epsilon}"
+    )
 
 
 class RandomSource:
@@ -100,7 +186,7 @@ class RandomSource:
                 return draw
 
     def bernoulli_one(self, threshold: int) -> bool:
-        """One draw, True with probability ``threshold / 2**53`` (``threshold53(p)``): the
+        """One draw, True with probability ``threshold / 2**53`` (``threshold53``): the
         scalar form of ``bernoulli``, a uniform 53-bit integer compared with it."""
         return (self.word() >> 11) < threshold
 
@@ -211,11 +297,21 @@ class RandomSource:
 
     def uniform(self, size: int) -> np.ndarray:
         """Uniform floats on [0, 1) with 53 random bits each (k / 2**53)."""
-        return (self.words(size) >> np.uint64(11)).astype(np.float64) / _BITS53
+        return (self.words(size) >> np.uint64(11)).astype(np.float64) / BITS53
 
     def bernoulli(self, p: float | npt.ArrayLike, size: int | None = None) -> np.ndarray:
-        """Booleans that are True with probability ``floor(p * 2**53) / 2**53``."""
-        thresholds = threshold53(p)
+        """Booleans that are True with probability ``floor(p * 2**53) / 2**53``.
+
+        For probabilities no privacy bound rests on; a mechanism's privacy-relevant draws
+        use ``bernoulli_below`` with thresholds rounded in the safe direction.
+        """
+        return self.bernoulli_below(threshold53(p, "down"), size)
+
+    def bernoulli_below(self, thresholds: npt.ArrayLike, size: int | None = None) -> np.ndarray:
+        """Booleans True with probability ``T / 2**53`` each: a uniform 53-bit U below T."""
+        thresholds = np.asarray(thresholds, dtype=np.uint64)
+        if np.any(thresholds > np.uint64(BITS53)):
+            raise ValueError(f"thresholds must lie in 0..2**53, got {thresholds!r}")
         if size is not None and np.ndim(thresholds) == 0:
             return (self.words(size) >> np.uint64(11)) < thresholds
         shape = thresholds.shape if size is None else (size,)
@@ -223,12 +319,13 @@ class RandomSource:
         draws = self.words(int(np.prod(shape))).reshape(shape) >> np.uint64(11)
         return draws < thresholds
 
-    def bernoulli_bits(self, p: float, rows: int, bits: int) -> np.ndarray:
-        """A packed bit matrix (``np.packbits`` layout, big bit order), each bit Bernoulli(p).
+    def bernoulli_bits(self, threshold: int, rows: int, bits: int) -> np.ndarray:
+        """A packed bit matrix (``np.packbits`` layout, big bit order), each bit 1 with
+        probability ``threshold / 2**53`` (a threshold from ``threshold53``).
 
         Returns ``uint8`` of shape ``(rows, ceil(bits / 8))`` with the padding bits
         past ``bits`` set to zero. Each bit is 1 iff a lazily drawn uniform 53-bit
-        integer U is below ``T = floor(p * 2**53)``: the bits of U are drawn from
+        integer U is below ``T = threshold``: the bits of U are drawn from
         the most significant down, 64 lanes per word, and a lane is decided at the
         first bit where U and T differ. A word leaves the loop once all its lanes
         are decided, so the expected cost is about 8 random words per 64 bits
@@ -239,9 +336,11 @@ class RandomSource:
         """
         nbytes = (bits + 7) // 8
         total = (rows * nbytes + 7) // 8  # rows are laid end to end: no word is shared waste
-        threshold = int(threshold53(p))
+        threshold = int(threshold)
+        if not 0 <= threshold <= BITS53:
+            raise ValueError(f"threshold must lie in 0..2**53, got {threshold}")
         result = np.zeros(total, dtype=np.uint64)
-        if threshold == _BITS53:
+        if threshold == BITS53:
             result[:] = np.iinfo(np.uint64).max
         elif threshold > 0 and total <= DIRECT_BERNOULLI_WORDS:
             result = np.packbits(self.bernoulli_bytewise(threshold, 64 * total)).view(np.uint64)

@@ -122,8 +122,8 @@ class MechanismSpec(BaseModel):
     Categorical mechanisms (``grr``, ``sue``, ``oue``, ``olh``, ``hr``, ``auto``)
     take ``domain_size`` (categories are indices 0..domain_size-1). Numeric
     mechanisms (``laplace``, ``duchi``, ``piecewise``) take ``lower`` < ``upper``,
-    the clipping range; ``laplace`` also takes ``grid_steps``, the number of grid
-    intervals the clipped range is rounded to (default 1024).
+    the clipping range; ``laplace`` and ``piecewise`` also take ``grid_steps``, the
+    number of grid intervals the clipped range is rounded to (default 1024).
 
     ``rappor`` takes ``num_bits`` (k), ``num_hashes`` (h), ``num_cohorts`` (m),
     ``f``, ``p`` and ``q``, all required, e.g. ``{"mechanism": "rappor",
@@ -164,7 +164,7 @@ class MechanismSpec(BaseModel):
         default=None,
         ge=1,
         le=MAX_GRID_STEPS,
-        description="Grid intervals of [lower, upper] for the laplace mechanism.",
+        description="Grid intervals of [lower, upper] for the laplace and piecewise mechanisms.",
     )
     num_bits: int | None = Field(
         default=None, ge=1, le=MAX_NUM_BITS, description="RAPPOR: Bloom filter bits k."
@@ -249,8 +249,10 @@ class MechanismSpec(BaseModel):
                 )
             if not math.isfinite(self.upper - self.lower):
                 raise ValueError("upper - lower must be finite")
-            if self.grid_steps is not None and name != "laplace":
-                raise ValueError(f"grid_steps applies only to 'laplace', not {name!r}")
+            if self.grid_steps is not None and name not in ("laplace", "piecewise"):
+                raise ValueError(
+                    f"grid_steps applies only to 'laplace' and 'piecewise', not {name!r}"
+                )
         return self
 
     def _fits_rappor(self) -> MechanismSpec:
@@ -405,7 +407,6 @@ _BASE64: dict[str, Any] = {"type": "string", "contentEncoding": "base64"}
 #: The payload shapes of the mechanisms (OpenAPI documentation; ``from_payloads`` checks).
 PAYLOAD_SCHEMAS: list[dict[str, Any]] = [
     _payload_schema("IndexPayload", value=_INTEGER),
-    _payload_schema("NumberPayload", value={"type": "number"}),
     _payload_schema("BitsPayload", bits=_BASE64),
     _payload_schema("HashPayload", a=_INTEGER, b=_INTEGER, value=_INTEGER),
     _payload_schema("RapporPayload", cohort=_INTEGER, bits=_BASE64),
@@ -432,7 +433,7 @@ class Report(BaseModel):
     payload: dict[PayloadKey, PayloadValue] = Field(
         description=(
             "The mechanism's report: {'value': int} (grr, hr; laplace: grid index; duchi: "
-            "+1/-1), {'value': number} (piecewise), {'bits': base64} (sue, oue: "
+            "+1/-1; piecewise: cell index), {'bits': base64} (sue, oue: "
             "numpy.packbits bytes), {'a', 'b', 'value'} (olh), {'cohort': int, 'bits': "
             "base64} (rappor: bit i is bit i % 8 of byte i // 8)."
         ),

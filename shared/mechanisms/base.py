@@ -86,10 +86,9 @@ class Mechanism(ABC, Generic[StatsT, EstimateT]):
         stats = self.empty_statistics()
         loaded = type(stats).from_bytes(data)
         if isinstance(loaded, CountStatistics) and isinstance(stats, CountStatistics):
-            if loaded.counts.shape != stats.counts.shape:
+            if loaded.length != stats.length:
                 raise ValueError(
-                    f"statistics have {loaded.counts.size} counts, this mechanism keeps "
-                    f"{stats.counts.size}"
+                    f"statistics have {loaded.length} counts, this mechanism keeps {stats.length}"
                 )
         return loaded  # type: ignore[return-value]
 

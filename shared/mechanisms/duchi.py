@@ -10,24 +10,30 @@ is C · sign with C = (e^eps + 1) / (e^eps - 1), so E[C · sign | t] = t and
 The worst case is t = 0. The likelihood ratio is largest between t = 1 and
 t = -1: (1/2 + (e^eps - 1) / (2 (e^eps + 1))) / (1/2 - ...) = e^eps, exactly.
 
+Realized probabilities: the sign is +1 with probability T(t) / 2^53. The
+thresholds of the two ends are T_lo, rounded up from 1 / (e^eps + 1) and stepped
+up until (2^53 - T_lo) / T_lo is proven at most e^eps
+(``shared.randomness.certified_threshold``), and T_hi = 2^53 - T_lo; every other
+input's threshold, floor(P(+1 | t) 2^53), is clipped to [T_lo, T_hi]. Any two
+inputs' likelihood ratios, of +1 and of -1 alike, are then at most
+T_hi / T_lo <= e^eps, and each realized probability is within a few 2^-53 of
+the nominal one (the estimator's bias is of that order).
+
 Report: the sign (int8, -1 or +1), payload ``{"value": -1 | 1}``.
 """
 
 from __future__ import annotations
 
 import math
+from fractions import Fraction
+from functools import cached_property
 
 import numpy as np
 
 from shared.mechanisms.base import IndexReports
 from shared.mechanisms.numeric import NumericMechanism, bernoulli_central_moments, check_levels
-from shared.randomness import Rng, as_source, threshold53
+from shared.randomness import BITS53, Rng, as_source, certified_threshold, threshold53
 from shared.statistics import MomentStatistics
-
-
-def exact_probabilities(p: np.ndarray) -> np.ndarray:
-    """The probabilities ``bernoulli`` realizes: floor(p 2^53) / 2^53."""
-    return threshold53(p).astype(np.float64) / 2.0**53
 
 
 class DuchiMean(IndexReports, NumericMechanism):
@@ -38,12 +44,29 @@ class DuchiMean(IndexReports, NumericMechanism):
         """C = (e^eps + 1) / (e^eps - 1)."""
         return (math.exp(self.epsilon) + 1) / (math.exp(self.epsilon) - 1)
 
+    @cached_property
+    def lowest_threshold(self) -> int:
+        """T_lo, the threshold of P(+1 | t = -1) = 1 / (e^eps + 1): rounded up, certified
+        (2^53 - T_lo) / T_lo <= e^eps. The highest is T_hi = 2^53 - T_lo."""
+        return certified_threshold(
+            1.0 / (math.exp(self.epsilon) + 1),
+            "up",
+            lambda t: Fraction(BITS53 - t, t),
+            self.epsilon,
+        )
+
+    def plus_thresholds(self, values: np.ndarray) -> np.ndarray:
+        """T(x): floor((1/2 + t / (2 C)) 2^53) clipped to [T_lo, T_hi] (uint64)."""
+        nominal = np.clip(0.5 + self.normalize(values) / (2 * self.scale), 0.0, 1.0)
+        low = self.lowest_threshold
+        return np.clip(threshold53(nominal, "down"), low, BITS53 - low).astype(np.uint64)
+
     def plus_probability(self, values: np.ndarray) -> np.ndarray:
-        """P(sign = +1 | x) = 1/2 + t / (2 C)."""
-        return 0.5 + self.normalize(values) / (2 * self.scale)
+        """Realized P(sign = +1 | x) = T(x) / 2^53, nominally 1/2 + t / (2 C)."""
+        return self.plus_thresholds(values).astype(np.float64) / BITS53
 
     def encode(self, values: np.ndarray, rng: Rng = None) -> np.ndarray:
-        plus = as_source(rng).bernoulli(self.plus_probability(values))
+        plus = as_source(rng).bernoulli_below(self.plus_thresholds(values))
         return np.where(plus, 1, -1).astype(np.int8)
 
     def check_reports(self, reports: np.ndarray) -> np.ndarray:
@@ -78,7 +101,7 @@ class DuchiMean(IndexReports, NumericMechanism):
         T = K y+ + (n - K) y- and Q = K y+^2 + (n - K) y-^2 (y+- the debiased signs)."""
         levels, counts = check_levels(levels, counts, rng)
         n = int(counts.sum())
-        plus = int(rng.binomial(counts, exact_probabilities(self.plus_probability(levels))).sum())
+        plus = int(rng.binomial(counts, self.plus_probability(levels)).sum())
         high, low = self.to_original(np.array([self.scale, -self.scale]))
         return MomentStatistics(
             n, float(plus * high + (n - plus) * low), float(plus * high**2 + (n - plus) * low**2)

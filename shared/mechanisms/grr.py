@@ -9,6 +9,15 @@ exactly the value it names, so (Wang et al., USENIX Security 2017, Section 4.1)
 which beats the unary and hashing oracles when d < 3 e^eps + 2.
 The ratio of output probabilities for any two inputs is at most p / q = e^eps.
 
+Realized probabilities. ``encode`` keeps the value with probability
+lam = T / 2^53 (T = ``keep_threshold``) and otherwise reports a uniform value, so
+exactly p = lam + (1 - lam) / d and q = (1 - lam) / d, with
+p / q = (T (d - 1) + 2^53) / (2^53 - T), which grows with T: T is rounded down from
+lam = (e^eps - 1) / (e^eps + d - 1) and stepped down until that exact ratio is
+proven at most e^eps (``shared.randomness.certified_threshold``). ``p`` and ``q``
+are these realized values, so the estimator, ``transition_matrix`` and the
+simulation agree with what ``encode`` draws.
+
 Report: the reported index (int64). Payload: ``{"value": int}``.
 Sufficient statistics: the histogram of reported values.
 """
@@ -16,6 +25,7 @@ Sufficient statistics: the histogram of reported values.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from functools import cached_property
 
 import numpy as np
@@ -26,38 +36,75 @@ from shared.mechanisms.categorical import (
     check_true_counts,
     require_enumerable,
 )
-from shared.randomness import RandomSource, Rng, as_source, exact_probability, threshold53
+from shared.randomness import (
+    BITS53,
+    RandomSource,
+    Rng,
+    as_source,
+    certified_threshold,
+    realized_probability,
+)
 from shared.statistics import CountStatistics
 
 
-def k_ary_response(values: np.ndarray, k: int, p: float, source: RandomSource) -> np.ndarray:
+def k_ary_keep_threshold(epsilon: float, k: int) -> int:
+    """Threshold T of the keep probability lam = (e^eps - 1) / (e^eps + k - 1), rounded
+    down and certified: the realized p / q = (T (k - 1) + 2^53) / (2^53 - T) <= e^eps."""
+    grown = math.expm1(epsilon)
+    return certified_threshold(
+        grown / (grown + k),
+        "down",
+        lambda t: Fraction(t * (k - 1) + BITS53, BITS53 - t),
+        epsilon,
+    )
+
+
+def k_ary_probabilities(keep_threshold: int, k: int) -> tuple[float, float]:
+    """The realized (P(report = value), P(report = each other)) of ``k_ary_response``:
+    ((T (k - 1) + 2^53) / (k 2^53), (2^53 - T) / (k 2^53)), correctly rounded."""
+    return (
+        float(Fraction(keep_threshold * (k - 1) + BITS53, k * BITS53)),
+        float(Fraction(BITS53 - keep_threshold, k * BITS53)),
+    )
+
+
+def k_ary_response(
+    values: np.ndarray, k: int, keep_threshold: int, source: RandomSource
+) -> np.ndarray:
     """Report each value in 0..k-1 as itself with probability p, else another value uniformly.
 
     Sampled in the equivalent two-step form: keep the value with probability
-    lam = (p k - 1) / (k - 1), otherwise report a uniform value of all k (itself
-    included), so P(itself) = lam + (1 - lam) / k = p and every other value has
-    (1 - p) / (k - 1).
+    lam = T / 2^53 (``keep_threshold``), otherwise report a uniform value of all k
+    (itself included), so P(itself) = lam + (1 - lam) / k and every other value has
+    (1 - lam) / k (``k_ary_probabilities``).
     """
-    keep = source.bernoulli((p * k - 1) / (k - 1), values.size)
+    keep = source.bernoulli_below(keep_threshold, values.size)
     return np.where(keep, values, source.integers(k, values.size))
 
 
 class GeneralizedRandomizedResponse(IndexReports, CategoricalMechanism):
     name = "grr"
 
+    @cached_property
+    def keep_threshold(self) -> int:
+        """T: ``encode`` keeps the value with probability T / 2^53 (``k_ary_keep_threshold``)."""
+        return k_ary_keep_threshold(self.epsilon, self.domain_size)
+
     @property
     def p(self) -> float:
-        return math.exp(self.epsilon) / (math.exp(self.epsilon) + self.domain_size - 1)
+        """Realized P(report v | v), nominally e^eps / (e^eps + d - 1)."""
+        return k_ary_probabilities(self.keep_threshold, self.domain_size)[0]
 
     @property
     def q(self) -> float:
-        return 1.0 / (math.exp(self.epsilon) + self.domain_size - 1)
+        """Realized P(report v | u), u != v, nominally 1 / (e^eps + d - 1)."""
+        return k_ary_probabilities(self.keep_threshold, self.domain_size)[1]
 
     def encode(self, values: np.ndarray, rng: Rng = None) -> np.ndarray:
         values = as_index_array(values, self.domain_size)
         if values.size == 1:  # one device's value: the same two steps on Python ints
             return np.array([self._respond_one(int(values[0]), as_source(rng))], np.int64)
-        return k_ary_response(values, self.domain_size, self.p, as_source(rng))
+        return k_ary_response(values, self.domain_size, self.keep_threshold, as_source(rng))
 
     def _respond_one(self, value: int, source: RandomSource) -> int:
         """``k_ary_response`` for one value, from one 64-bit word W when it suffices: keep
@@ -66,18 +113,12 @@ class GeneralizedRandomizedResponse(IndexReports, CategoricalMechanism):
         of d (when d <= 2^11), are the first draw of ``below``'s rejection sampling."""
         d = self.domain_size
         word = source.word()
-        if (word >> 11) < self._keep_threshold:
+        if (word >> 11) < self.keep_threshold:
             return value
         mask = (1 << (d - 1).bit_length()) - 1
         if mask < 1 << 11 and word & mask < d:
             return word & mask
         return source.below(d)
-
-    @cached_property
-    def _keep_threshold(self) -> int:
-        """``threshold53`` of k_ary_response's keep probability (p d - 1) / (d - 1)."""
-        d = self.domain_size
-        return int(threshold53((self.p * d - 1) / (d - 1)))
 
     def check_reports(self, reports: np.ndarray) -> np.ndarray:
         return as_index_array(reports, self.domain_size, "reported value")
@@ -98,7 +139,7 @@ class GeneralizedRandomizedResponse(IndexReports, CategoricalMechanism):
         report uniformly over all d: c = K + Multinomial(R, 1/d). O(d) whatever n is."""
         counts = check_true_counts(counts, self.domain_size, rng)
         d = self.domain_size
-        keep = exact_probability((self.p * d - 1) / (d - 1))
+        keep = realized_probability(self.keep_threshold)
         kept = rng.binomial(counts, keep)
         uniform = rng.multinomial(int(counts.sum() - kept.sum()), np.full(d, 1.0 / d))
         return CountStatistics(int(counts.sum()), kept + uniform)

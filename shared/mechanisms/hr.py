@@ -17,6 +17,12 @@ exactly K/4 of the positions in S_v, q = 1/2 for every u != v. Hence
 within a factor (e^eps + 1)^2 / (4 e^eps) of OUE, with one log2(K)-bit index
 per report instead of d bits.
 
+Realized probabilities: y lands in S_v with probability T / 2^53, so the
+realized ratio is T / (2^53 - T), which grows with T: T is rounded down from
+e^eps / (e^eps + 1) and stepped down until that exact ratio is proven at most
+e^eps (``shared.randomness.certified_threshold``); ``p`` is T / 2^53 and q stays
+exactly 1/2.
+
 Sampling: draw y uniformly on 0..K-1; if the parity of popcount(r & y) is not
 the one wanted, flip the lowest set bit of r in y. Flipping is a bijection
 between S_v and its complement, so y is uniform on the chosen half.
@@ -32,6 +38,8 @@ Sufficient statistics: the length-K histogram of reported indices.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
+from functools import cached_property
 
 import numpy as np
 
@@ -41,7 +49,13 @@ from shared.mechanisms.categorical import (
     check_true_counts,
     require_enumerable,
 )
-from shared.randomness import Rng, as_source, exact_probability
+from shared.randomness import (
+    BITS53,
+    Rng,
+    as_source,
+    certified_threshold,
+    realized_probability,
+)
 from shared.schemas import MechanismSpec
 from shared.statistics import CountStatistics
 
@@ -70,10 +84,20 @@ class HadamardResponse(IndexReports, CategoricalMechanism):
         super().__init__(spec)
         self.outputs: int = 1 << self.domain_size.bit_length()  # smallest power of 2 > d
 
+    @cached_property
+    def in_set_threshold(self) -> int:
+        """T: y lands in S_v with probability T / 2^53, certified T / (2^53 - T) <= e^eps."""
+        return certified_threshold(
+            1.0 / (1.0 + math.exp(-self.epsilon)),
+            "down",
+            lambda t: Fraction(t, BITS53 - t),
+            self.epsilon,
+        )
+
     @property
     def p(self) -> float:
-        e = math.exp(self.epsilon)
-        return e / (e + 1)
+        """Realized P(y in S_v | v) = T / 2^53, nominally e^eps / (e^eps + 1)."""
+        return realized_probability(self.in_set_threshold)
 
     @property
     def q(self) -> float:
@@ -83,7 +107,7 @@ class HadamardResponse(IndexReports, CategoricalMechanism):
         values = as_index_array(values, self.domain_size)
         source = as_source(rng)
         rows = values + 1
-        in_set = source.bernoulli(self.p, values.size)
+        in_set = source.bernoulli_below(self.in_set_threshold, values.size)
         y = source.integers(self.outputs, values.size)
         parity_odd = (np.bitwise_count(rows & y) & 1).astype(bool)
         wrong = parity_odd == in_set  # in S_v means even parity
@@ -113,7 +137,7 @@ class HadamardResponse(IndexReports, CategoricalMechanism):
         """
         counts = check_true_counts(counts, self.domain_size, rng)
         n, k = int(counts.sum()), self.outputs
-        lam = 2 * exact_probability(self.p) - 1
+        lam = 2 * self.p - 1
         in_set = rng.binomial(counts, lam)
         histogram = rng.multinomial(n - int(in_set.sum()), np.full(k, 1.0 / k))
         outputs = np.arange(k)
@@ -138,5 +162,4 @@ class HadamardResponse(IndexReports, CategoricalMechanism):
         require_enumerable(d * k)
         rows = np.arange(1, d + 1)[:, None]
         in_set = (np.bitwise_count(rows & np.arange(k)[None, :]) & 1) == 0
-        e = math.exp(self.epsilon)
-        return np.where(in_set, 2 * e / (k * (e + 1)), 2 / (k * (e + 1)))
+        return np.where(in_set, 2 * self.p / k, 2 * (1 - self.p) / k)

@@ -27,6 +27,21 @@ rounding term is below 1e-6 of the noise for every eps <= 20, and the sampler's
 cost does not grow with K, so the default keeps rounding negligible; a smaller
 K only shortens the reports.
 
+The rounding Bernoulli (step 1) draws at floor(phi 2^53) / 2^53: privacy does
+not depend on it (any mixture over indices in 0..K keeps the bound), only the
+unbiasedness, to within 2^-53 of a step.
+
+Accepted reports. An honest report is m = i + Z with i in 0..K, so it falls
+outside [-B, K + B] only if |Z| > B, where for P(Z = z) ∝ e^(-g |z|)
+
+    P(|Z| > B) = 2 sum_{z > B} (1 - a) / (1 + a) a^z = 2 a^(B + 1) / (1 + a),  a = e^-g.
+
+``noise_tail_bound`` is the smallest B with P(|Z| > B) < 2^-60, i.e. the least
+integer B > (61 ln 2 - ln(1 + e^-g)) / g - 1 (about 42.3 K / eps). Reports
+outside [-B, K + B] are refused: an honest device sends one with probability
+below 2^-60, and a hostile one can then move a mean of n reports by at most
+(K + B) w / n, a few noise scales over n, instead of arbitrarily far.
+
 Report: the noisy grid index (int64), payload ``{"value": int}``. Debiased
 value: lower + w m.
 """
@@ -34,6 +49,7 @@ value: lower + w m.
 from __future__ import annotations
 
 import math
+from decimal import Context, Decimal, localcontext
 
 import numpy as np
 
@@ -50,8 +66,32 @@ from shared.schemas import MechanismSpec
 DEFAULT_GRID_STEPS = 1024
 #: Denominator of the rational epsilon the exact sampler works with.
 EPSILON_RESOLUTION = 1 << 20
-#: Reports beyond this many grid steps are refused (far past any noise tail).
-_MAX_REPORT = 1 << 52
+#: An honest report falls outside the accepted range with probability below 2^-TAIL_BITS.
+TAIL_BITS = 60
+
+
+def noise_tail_bound(s: int, t: int) -> int:
+    """The smallest B >= 0 with P(|Z| > B) = 2 e^(-g (B + 1)) / (1 + e^-g) < 2^-60, g = s / t.
+
+    Solved in floating point, B = floor((61 ln 2 - ln(1 + e^-g)) / g - 1) + 1, then moved
+    by single steps until the inequality holds at B and fails at B - 1, both evaluated
+    in 50-digit decimal arithmetic (``_tail_below``).
+    """
+    g = s / t
+    bound = max(0, math.floor(((TAIL_BITS + 1) * math.log(2) - math.log1p(math.exp(-g))) / g))
+    while not _tail_below(bound, s, t):
+        bound += 1
+    while bound > 0 and _tail_below(bound - 1, s, t):
+        bound -= 1
+    return bound
+
+
+def _tail_below(bound: int, s: int, t: int) -> bool:
+    """Whether 2 e^(-g (B + 1)) < 2^-60 (1 + e^-g), g = s / t, in 50-digit decimals."""
+    with localcontext(Context(prec=50)):
+        g = Decimal(s) / Decimal(t)
+        tail = 2 * (-g * (bound + 1)).exp()
+        return tail < (1 + (-g).exp()) / Decimal(2) ** TAIL_BITS
 
 
 class DiscreteLaplace(IndexReports, NumericMechanism):
@@ -68,6 +108,8 @@ class DiscreteLaplace(IndexReports, NumericMechanism):
                 f"epsilon={self.epsilon} is below the laplace mechanism's resolution "
                 f"2^-20 ({1 / EPSILON_RESOLUTION:.2e})"
             )
+        #: B: reports outside -B..K+B are refused (``noise_tail_bound``).
+        self.tail_bound: int = noise_tail_bound(self.noise_s, self.noise_t)
 
     @property
     def effective_epsilon(self) -> float:
@@ -90,9 +132,14 @@ class DiscreteLaplace(IndexReports, NumericMechanism):
         array = np.asarray(reports)
         if array.ndim != 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
             raise ValueError(f"laplace reports must be a 1-d integer array, got {array.dtype}")
-        bad = np.flatnonzero(np.abs(array) > _MAX_REPORT)
+        low, high = -self.tail_bound, self.grid_steps + self.tail_bound
+        bad = np.flatnonzero((array < low) | (array > high))
         if bad.size:
-            raise ValueError(f"report {bad[0]}: grid index {array[bad[0]]} is implausibly large")
+            raise ValueError(
+                f"report {bad[0]}: grid index {array[bad[0]]} is outside {low}..{high}, the "
+                f"grid 0..{self.grid_steps} plus {self.tail_bound} steps of noise tail (an honest "
+                f"report falls outside with probability below 2^-{TAIL_BITS})"
+            )
         return array.astype(np.int64)
 
     def debias(self, reports: np.ndarray) -> np.ndarray:

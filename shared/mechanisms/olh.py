@@ -7,7 +7,10 @@ by randomized response over the g buckets:
     P(y = H(v)) = p = e^eps / (e^eps + g - 1),  P(y = b) = (1 - p) / (g - 1) otherwise.
 
 For a fixed H the likelihood ratio of any two inputs is at most e^eps, so the
-report is eps-LDP whatever H is (H is independent of the value).
+report is eps-LDP whatever H is (H is independent of the value). The bucket
+response is GRR's over g buckets (``shared.mechanisms.grr.k_ary_response``), with
+its certified keep threshold: ``p`` and ``(1 - p) / (g - 1)`` are the realized
+probabilities, whose ratio is proven at most e^eps.
 
 Hash family. H_{a,b}(v) = ((a v + b) mod P) mod g with P the smallest prime
 >= d, a uniform on 1..P-1 and b on 0..P-1 (Carter and Wegman 1979). For u != v
@@ -39,6 +42,7 @@ Sufficient statistics: the support counts C_v.
 from __future__ import annotations
 
 import math
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -49,8 +53,8 @@ from shared.mechanisms.categorical import (
     check_true_counts,
     require_enumerable,
 )
-from shared.mechanisms.grr import k_ary_response
-from shared.randomness import Rng, as_source, exact_probability
+from shared.mechanisms.grr import k_ary_keep_threshold, k_ary_probabilities, k_ary_response
+from shared.randomness import Rng, as_source
 from shared.schemas import MechanismSpec
 from shared.statistics import CountStatistics
 
@@ -76,19 +80,32 @@ class OptimizedLocalHashing(CategoricalMechanism):
         super().__init__(spec)
         self.buckets: int = round(math.exp(self.epsilon)) + 1
         self.prime: int = smallest_prime_at_least(self.domain_size)
+        # m_r = #{x < P : x mod g = r} is P // g + 1 for the P mod g first residues, else P // g.
         g, prime = self.buckets, self.prime
-        per_bucket = np.bincount(np.arange(prime) % g, minlength=g).astype(np.float64)
-        self.collision: float = float((per_bucket * (per_bucket - 1)).sum() / (prime * (prime - 1)))
+        whole, extra = divmod(prime, g)
+        pairs = extra * (whole + 1) * whole + (g - extra) * whole * (whole - 1)
+        self.collision: float = pairs / (prime * (prime - 1))
+
+    @cached_property
+    def keep_threshold(self) -> int:
+        """T: the bucket response keeps H(v) with probability T / 2^53 (certified)."""
+        return k_ary_keep_threshold(self.epsilon, self.buckets)
+
+    @property
+    def bucket_probabilities(self) -> tuple[float, float]:
+        """Realized (P(y = H(v)), P(y = each other bucket)), nominally
+        (e^eps / (e^eps + g - 1), 1 / (e^eps + g - 1))."""
+        return k_ary_probabilities(self.keep_threshold, self.buckets)
 
     @property
     def p(self) -> float:
-        e = math.exp(self.epsilon)
-        return e / (e + self.buckets - 1)
+        return self.bucket_probabilities[0]
 
     @property
     def q(self) -> float:
-        c, p = self.collision, self.p
-        return c * p + (1 - c) * (1 - p) / (self.buckets - 1)
+        """c p + (1 - c) P(y = another bucket), c the family's collision probability."""
+        p, other = self.bucket_probabilities
+        return self.collision * p + (1 - self.collision) * other
 
     def hash(self, a: np.ndarray, b: np.ndarray, values: np.ndarray) -> np.ndarray:
         """H_{a,b}(v) = ((a v + b) mod P) mod g (Python ints where products could overflow)."""
@@ -100,7 +117,7 @@ class OptimizedLocalHashing(CategoricalMechanism):
         a = 1 + source.integers(self.prime - 1, values.size)
         b = source.integers(self.prime, values.size)
         hashed = self.hash(a, b, values)
-        y = k_ary_response(hashed, self.buckets, self.p, source)
+        y = k_ary_response(hashed, self.buckets, self.keep_threshold, source)
         return np.stack([a, b, y], axis=1)
 
     def check_reports(self, reports: np.ndarray) -> np.ndarray:
@@ -139,20 +156,17 @@ class OptimizedLocalHashing(CategoricalMechanism):
     def simulate_statistics(self, counts: np.ndarray, rng: np.random.Generator) -> CountStatistics:
         """Each support count's distribution exactly, their joint approximately.
 
-        One user supports v with probability p' (its own value, p' the realized
-        P(y = H(v))) or q' = c p' + (1 - c)(1 - p') / (g - 1) (another value, c the
+        One user supports v with probability p (its own value, the realized
+        P(y = H(v))) or q = c p + (1 - c)(1 - p) / (g - 1) (another value, c the
         family's collision probability), independently of other users, so
-        C_v ~ Bin(N_v, p') + Bin(n - N_v, q') exactly. Across items the counts are drawn
+        C_v ~ Bin(N_v, p) + Bin(n - N_v, q) exactly. Across items the counts are drawn
         independently, while in the mechanism two items' supports from one report are
         slightly correlated (through the shared hash): per-item errors, variances and
         intervals are exact, statistics over several items (e.g. top-k) approximate.
         """
         counts = check_true_counts(counts, self.domain_size, rng)
-        n, g = int(counts.sum()), self.buckets
-        keep = exact_probability((self.p * g - 1) / (g - 1))
-        p = keep + (1 - keep) / g
-        q = self.collision * p + (1 - self.collision) * (1 - keep) / g
-        return CountStatistics(n, rng.binomial(counts, p) + rng.binomial(n - counts, q))
+        n = int(counts.sum())
+        return CountStatistics(n, rng.binomial(counts, self.p) + rng.binomial(n - counts, self.q))
 
     def _support_by_hash_table(self, reports: np.ndarray) -> np.ndarray:
         """Small domains: histogram the reports by (a, b, y), then test every hash once.
@@ -201,7 +215,8 @@ class OptimizedLocalHashing(CategoricalMechanism):
             )
         )
         hashed = self.hash(a[None, :], b[None, :], np.arange(d)[:, None])
-        bucket_probability = np.where(hashed == y[None, :], self.p, (1 - self.p) / (g - 1))
+        own, other = self.bucket_probabilities
+        bucket_probability = np.where(hashed == y[None, :], own, other)
         return bucket_probability / ((prime - 1) * prime)
 
     def to_payloads(self, reports: np.ndarray) -> list[dict[str, Any]]:

@@ -20,12 +20,13 @@ Device side, for a value v (a string) of a device in cohort c with secret s:
 
        key    = HMAC-SHA256(s, "RAPPOR PRR v1" || 0x00 || BE16(k) || bytes(B))
        stream = SHAKE-256(key), 8 bytes per Bloom bit
-       flip_i = (U_i < floor(f/2 * 2^53)),  U_i = (little-endian uint64 i of stream) >> 11
+       flip_i = (U_i < T_f),  U_i = (little-endian uint64 i of stream) >> 11
 
    where bytes(B) is B as ceil(k/8) little-endian bytes. So a device answers the
    same value the same way forever by keeping only s, flips are exactly
-   Bernoulli(floor(f/2 * 2^53) / 2^53) under the HMAC/SHAKE pseudorandomness
-   assumption, and different secrets give independent PRRs. (The reference client
+   Bernoulli(T_f / 2^53) (T_f within a few units of f/2 * 2^53, see below) under
+   the HMAC/SHAKE pseudorandomness assumption, and different secrets give
+   independent PRRs. (The reference client
    derives its masks from one HMAC-SHA256 block with 7-bit thresholds, which
    limits it to k <= 32 and rounds f to a multiple of 1/128; the PRR never
    leaves the device, so the server needs no agreement on it.)
@@ -46,8 +47,16 @@ one PRR, which is
 
     epsilon_infinity = 2 h ln((1 - f/2) / (f/2))-LDP.
 
-The spec's ``epsilon`` is epsilon_one. ``transition_matrix`` and ``prr_matrix``
-give the exact distributions for the tests. Reports of the *same* device for
+The spec's ``epsilon`` is epsilon_one. Realized probabilities: flips, p and q are
+drawn at T_f / 2^53, T_p / 2^53 and T_q / 2^53 (``thresholds``). The PRR's ratio
+(1 - f/2) / (f/2) falls as f/2 grows, so T_f is rounded up; T_p is rounded up
+and T_q down (towards each other, which shrinks the ratio when f = 0). The
+one-report ratio falls as f/2 grows too (q* - p* = (1 - f)(q - p) shrinks, each
+towards the middle), so T_f is then stepped up until both realized ratios,
+computed exactly from the thresholds, are proven at most e^epsilon_infinity and
+e^min(epsilon, epsilon_one) (``shared.randomness.step_until_within``): the
+realized guarantees never exceed the figures reported. ``transition_matrix``
+and ``prr_matrix`` give the exact distributions for the tests. Reports of the *same* device for
 *different* values compose (each distinct value costs up to epsilon_infinity).
 
 Cohorts: a device keeps one cohort for life, drawn uniformly once
@@ -85,6 +94,8 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
+from functools import cached_property
 from itertools import combinations
 from typing import Any, ClassVar, Literal
 
@@ -100,7 +111,15 @@ from shared.mechanisms.base import (
 )
 from shared.mechanisms.categorical import MAX_ENUMERATED_OUTPUTS, require_enumerable
 from shared.mechanisms.unary import bit_sums
-from shared.randomness import RandomSource, Rng, as_source, exact_probability, threshold53
+from shared.randomness import (
+    BITS53,
+    RandomSource,
+    Rng,
+    as_source,
+    realized_probability,
+    step_until_within,
+    threshold53,
+)
 from shared.schemas import (
     MechanismSpec,
     rappor_epsilon_infinity,
@@ -323,13 +342,15 @@ class Rappor(Mechanism[CountStatistics, Estimate]):
 
     @property
     def p_star(self) -> float:
-        """P(reported bit = 1 | Bloom bit 0) = f (p + q) / 2 + (1 - f) p."""
-        return rappor_report_probabilities(self.f, self.p, self.q)[0]
+        """P(reported bit = 1 | Bloom bit 0) = f (p + q) / 2 + (1 - f) p, realized."""
+        flip, p, q = self.realized_probabilities
+        return rappor_report_probabilities(2 * flip, p, q)[0]
 
     @property
     def q_star(self) -> float:
-        """P(reported bit = 1 | Bloom bit 1) = f (p + q) / 2 + (1 - f) q."""
-        return rappor_report_probabilities(self.f, self.p, self.q)[1]
+        """P(reported bit = 1 | Bloom bit 1) = f (p + q) / 2 + (1 - f) q, realized."""
+        flip, p, q = self.realized_probabilities
+        return rappor_report_probabilities(2 * flip, p, q)[1]
 
     @property
     def epsilon_one(self) -> float:
@@ -341,14 +362,33 @@ class Rappor(Mechanism[CountStatistics, Estimate]):
         """Epsilon of any number of reports of one value: 2 h ln((1 - f/2) / (f/2))."""
         return rappor_epsilon_infinity(self.num_hashes, self.f)
 
+    @cached_property
+    def thresholds(self) -> tuple[int, int, int]:
+        """(T_f, T_p, T_q): flip (f/2) rounded up, p up, q down; then T_f stepped up until
+        the realized ratios are proven within epsilon_infinity and epsilon_one."""
+        p_threshold, q_threshold = int(threshold53(self.p, "up")), int(threshold53(self.q, "down"))
+        h = self.num_hashes
+        square = BITS53 * BITS53
+
+        def one_report(flip: int) -> Fraction:
+            """(q* (1 - p*) / (p* (1 - q*)))^h, with q*, p* in units of 2^-106."""
+            q_star = (BITS53 - flip) * q_threshold + flip * p_threshold
+            p_star = flip * q_threshold + (BITS53 - flip) * p_threshold
+            return Fraction(q_star * (square - p_star), p_star * (square - q_star)) ** h
+
+        flip = int(threshold53(self.f / 2, "up"))
+        if self.f > 0:
+            flip = step_until_within(
+                flip, "up", lambda t: Fraction(BITS53 - t, t) ** (2 * h), self.epsilon_infinity
+            )
+        bound = min(self.epsilon, self.epsilon_one)
+        return step_until_within(flip, "up", one_report, bound), p_threshold, q_threshold
+
     @property
     def realized_probabilities(self) -> tuple[float, float, float]:
-        """(flip, p, q) as sampled: each is floor(x 2^53) / 2^53 (flip = f/2)."""
-        return (
-            exact_probability(self.f / 2),
-            exact_probability(self.p),
-            exact_probability(self.q),
-        )
+        """(flip, p, q) as sampled: T / 2^53 for each of ``thresholds`` (flip is nominally f/2)."""
+        flip, p, q = self.thresholds
+        return realized_probability(flip), realized_probability(p), realized_probability(q)
 
     # --- device side -----------------------------------------------------------------
 
@@ -428,8 +468,9 @@ class Rappor(Mechanism[CountStatistics, Estimate]):
     def _irr(self, prr: np.ndarray, source: RandomSource) -> np.ndarray:
         """Fresh instantaneous response: bit 1 w.p. q where the PRR is 1, p where it is 0."""
         rows = prr.shape[0]
-        ones = _REVERSE_BITS[source.bernoulli_bits(self.q, rows, self.num_bits)]
-        zeros = _REVERSE_BITS[source.bernoulli_bits(self.p, rows, self.num_bits)]
+        _, p_threshold, q_threshold = self.thresholds
+        ones = _REVERSE_BITS[source.bernoulli_bits(q_threshold, rows, self.num_bits)]
+        zeros = _REVERSE_BITS[source.bernoulli_bits(p_threshold, rows, self.num_bits)]
         return (ones & prr) | (zeros & ~prr)
 
     def _prr(self, packed: np.ndarray, secrets: list[bytes]) -> np.ndarray:
@@ -456,7 +497,7 @@ class Rappor(Mechanism[CountStatistics, Estimate]):
                 streams.append(keyed_stream(secret, messages[bloom], stream_bytes))
             slots[i] = slot
         words = np.frombuffer(b"".join(streams), dtype="<u8").reshape(len(streams), k)
-        flips = pack_little((words >> np.uint64(11)) < threshold53(self.f / 2))
+        flips = pack_little((words >> np.uint64(11)) < np.uint64(self.thresholds[0]))
         return blooms[which] ^ flips[slots]
 
     def _check_cohorts(self, cohorts: Any, n: int) -> np.ndarray:
@@ -561,32 +602,48 @@ class Rappor(Mechanism[CountStatistics, Estimate]):
         return CountStatistics.empty(self.num_cohorts * (self.num_bits + 1))
 
     def aggregate(self, reports: np.ndarray) -> CountStatistics:
-        """Per cohort: N_j and the bit sums c_jb (``bit_sums`` over each cohort's rows)."""
+        """Per cohort: N_j and the bit sums c_jb (``bit_sums`` over each cohort's rows).
+
+        Sparse: only the rows of the cohorts present are built, so a batch of r reports
+        costs O(min(r, m) k) memory, not the whole m (k + 1) table.
+        """
         reports = self.check_reports(reports)
         m, k = self.num_cohorts, self.num_bits
-        table = np.zeros((m, k + 1), dtype=np.int64)
         cohorts = reports["cohort"]
         order = np.argsort(cohorts, kind="stable")
         per_cohort = np.bincount(cohorts, minlength=m)
-        table[:, 0] = per_cohort
+        present = np.flatnonzero(per_cohort)
+        table = np.zeros((present.size, k + 1), dtype=np.int64)
+        table[:, 0] = per_cohort[present]
         rows = reports["bits"][order]
         ends = np.cumsum(per_cohort)
-        for j in np.flatnonzero(per_cohort):  # a loop over cohorts, not reports
+        for row, j in enumerate(present):  # a loop over cohorts, not reports
             block = rows[ends[j] - per_cohort[j] : ends[j]]
             big = bit_sums(block, self.row_bytes * 8)  # column c = bit 7 - c % 8 of byte c // 8
-            table[j, 1:] = big.reshape(self.row_bytes, 8)[:, ::-1].reshape(-1)[:k]
-        return CountStatistics(reports.size, table.reshape(-1))
+            table[row, 1:] = big.reshape(self.row_bytes, 8)[:, ::-1].reshape(-1)[:k]
+        cells = present[:, None] * (k + 1) + np.arange(k + 1)
+        return CountStatistics.sparse(
+            reports.size, m * (k + 1), cells.reshape(-1), table.reshape(-1)
+        )
 
     def statistics_from_bytes(self, data: bytes) -> CountStatistics:
-        """Deserialize, and refuse tables that no set of reports could produce."""
+        """Deserialize, and refuse tables that no set of reports could produce.
+
+        Checked on the nonzero cells only (O(nonzero + m)), so sparse statistics of a few
+        reports are never expanded to the whole table here.
+        """
         stats = super().statistics_from_bytes(data)
-        table = stats.counts.reshape(self.num_cohorts, self.num_bits + 1)
-        if int(table[:, 0].sum()) != stats.n:
+        cells, values = stats.nonzero()
+        cohort, column = np.divmod(cells, self.num_bits + 1)
+        heads = column == 0
+        per_cohort = np.zeros(self.num_cohorts, dtype=np.int64)
+        per_cohort[cohort[heads]] = values[heads]
+        if int(per_cohort.sum()) != stats.n:
             raise ValueError(
-                f"corrupt RAPPOR statistics: cohort counts sum to {int(table[:, 0].sum())}, "
+                f"corrupt RAPPOR statistics: cohort counts sum to {int(per_cohort.sum())}, "
                 f"n = {stats.n}"
             )
-        if np.any(table[:, 1:] > table[:, :1]):
+        if np.any(values[~heads] > per_cohort[cohort[~heads]]):
             raise ValueError("corrupt RAPPOR statistics: a bit count exceeds its cohort's reports")
         return stats
 

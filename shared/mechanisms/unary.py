@@ -5,6 +5,13 @@ p and every other bit with probability q, independently (Wang et al., USENIX
 Security 2017, Section 4.2). Two inputs change two bits, so the likelihood
 ratio is at most (p (1 - q)) / (q (1 - p)) = e^eps.
 
+Realized probabilities: bit v is drawn with probability T_p / 2^53 and every
+other bit with T_q / 2^53. The ratio T_p (2^53 - T_q) / (T_q (2^53 - T_p)) grows
+with T_p and shrinks with T_q, so T_p is rounded down and T_q up, and T_q is
+stepped further up until the exact ratio is proven at most e^eps
+(``shared.randomness.certified_threshold``). ``p`` and ``q`` are the realized
+values, which the estimator and ``transition_matrix`` use.
+
 * SUE (Erlingsson et al., CCS 2014): p = e^(eps/2) / (e^(eps/2) + 1),
   q = 1 / (e^(eps/2) + 1); Var[f_v] = e^(eps/2) / (n (e^(eps/2) - 1)^2) at f_v = 0.
 * OUE: p = 1/2, q = 1 / (e^eps + 1); Var[f_v] = 4 e^eps / (n (e^eps - 1)^2) at
@@ -22,6 +29,8 @@ from __future__ import annotations
 
 import base64
 import math
+from abc import abstractmethod
+from fractions import Fraction
 from functools import cached_property
 from typing import Any
 
@@ -33,7 +42,14 @@ from shared.mechanisms.categorical import (
     check_true_counts,
     require_enumerable,
 )
-from shared.randomness import Rng, as_source, exact_probability, threshold53
+from shared.randomness import (
+    BITS53,
+    Rng,
+    as_source,
+    certified_threshold,
+    realized_probability,
+    threshold53,
+)
 from shared.statistics import CountStatistics
 
 #: Bytes of packed rows summed at once by ``bit_sums`` (fits in cache; memory stays bounded).
@@ -91,14 +107,35 @@ def _add_halves(planes: list[np.ndarray]) -> list[np.ndarray]:
 
 
 class UnaryEncoding(CategoricalMechanism):
-    """Shared body of SUE and OUE; subclasses fix p and q."""
+    """Shared body of SUE and OUE; subclasses give the nominal p and q."""
 
     payload_fields = frozenset({"bits"})
 
+    @abstractmethod
+    def nominal_probabilities(self) -> tuple[float, float]:
+        """The paper's (p, q) for this epsilon, before rounding to 53-bit thresholds."""
+
     @cached_property
-    def _thresholds(self) -> tuple[int, int]:
-        """``threshold53`` of p and of q."""
-        return int(threshold53(self.p)), int(threshold53(self.q))
+    def thresholds(self) -> tuple[int, int]:
+        """(T_p, T_q): T_p rounded down, T_q rounded up and certified, so that the realized
+        p (1 - q) / (q (1 - p)) = T_p (2^53 - T_q) / (T_q (2^53 - T_p)) <= e^eps."""
+        p, q = self.nominal_probabilities()
+        p_threshold = int(threshold53(p, "down"))
+        q_threshold = certified_threshold(
+            q,
+            "up",
+            lambda t: Fraction(p_threshold * (BITS53 - t), t * (BITS53 - p_threshold)),
+            self.epsilon,
+        )
+        return p_threshold, q_threshold
+
+    @property
+    def p(self) -> float:
+        return realized_probability(self.thresholds[0])
+
+    @property
+    def q(self) -> float:
+        return realized_probability(self.thresholds[1])
 
     @property
     def row_bytes(self) -> int:
@@ -108,11 +145,12 @@ class UnaryEncoding(CategoricalMechanism):
         values = as_index_array(values, self.domain_size)
         source = as_source(rng)
         if values.size == 1:  # one device's report: one random byte per bit, in one buffer
-            p_threshold, q_threshold = self._thresholds
+            p_threshold, q_threshold = self.thresholds
             row = source.bernoulli_row(q_threshold, self.domain_size, int(values[0]), p_threshold)
             return row.reshape(1, self.row_bytes)
-        reports = source.bernoulli_bits(self.q, values.size, self.domain_size)
-        true_bits = source.bernoulli(self.p, values.size)
+        p_threshold, q_threshold = self.thresholds
+        reports = source.bernoulli_bits(q_threshold, values.size, self.domain_size)
+        true_bits = source.bernoulli_below(p_threshold, values.size)
         flat = reports.reshape(-1)
         index = np.arange(0, values.size * self.row_bytes, self.row_bytes) + (values >> 3)
         mask = np.right_shift(0x80, values & 7).astype(np.uint8)
@@ -138,8 +176,7 @@ class UnaryEncoding(CategoricalMechanism):
         Bin(N_v, p) + Bin(n - N_v, q) at the realized (53-bit) p and q. O(d)."""
         counts = check_true_counts(counts, self.domain_size, rng)
         n = int(counts.sum())
-        p, q = exact_probability(self.p), exact_probability(self.q)
-        sums = rng.binomial(counts, p) + rng.binomial(n - counts, q)
+        sums = rng.binomial(counts, self.p) + rng.binomial(n - counts, self.q)
         return CountStatistics(n, sums)
 
     def transition_matrix(self) -> np.ndarray:
@@ -172,23 +209,15 @@ class UnaryEncoding(CategoricalMechanism):
 class SymmetricUnaryEncoding(UnaryEncoding):
     name = "sue"
 
-    @property
-    def p(self) -> float:
+    def nominal_probabilities(self) -> tuple[float, float]:
+        """p = e^(eps/2) / (e^(eps/2) + 1), q = 1 / (e^(eps/2) + 1)."""
         half = math.exp(self.epsilon / 2)
-        return half / (half + 1)
-
-    @property
-    def q(self) -> float:
-        return 1.0 / (math.exp(self.epsilon / 2) + 1)
+        return half / (half + 1), 1.0 / (half + 1)
 
 
 class OptimizedUnaryEncoding(UnaryEncoding):
     name = "oue"
 
-    @property
-    def p(self) -> float:
-        return 0.5
-
-    @property
-    def q(self) -> float:
-        return 1.0 / (math.exp(self.epsilon) + 1)
+    def nominal_probabilities(self) -> tuple[float, float]:
+        """p = 1/2, q = 1 / (e^eps + 1)."""
+        return 0.5, 1.0 / (math.exp(self.epsilon) + 1)

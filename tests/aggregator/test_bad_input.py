@@ -52,8 +52,10 @@ SPECS: dict[str, dict[str, Any]] = {
     "hr": {"mechanism": "hr", "epsilon": 1.0, "domain_size": 6},
     "laplace": {"mechanism": "laplace", "epsilon": 1.0, "lower": 0.0, "upper": 10.0},
     "duchi": {"mechanism": "duchi", "epsilon": 1.0, "lower": -1.0, "upper": 1.0},
-    # Outputs in [-C, C] with C = (e + 1) / (e - 1) = 2.164 (normalized units).
-    "piecewise": {"mechanism": "piecewise", "epsilon": 2.0, "lower": 0.0, "upper": 120.0},
+    # Cell indices 0..M-1 (M = 16 grid steps plus the window).
+    "piecewise": {
+        "mechanism": "piecewise", "epsilon": 2.0, "lower": 0.0, "upper": 120.0, "grid_steps": 16
+    },
     # 12 bits in 2 bytes, little-endian bit order: the 4 high bits of byte 1 are padding.
     "rappor": {
         "mechanism": "rappor",
@@ -65,6 +67,9 @@ SPECS: dict[str, dict[str, Any]] = {
         "q": 0.75,
     },
 }
+PIECEWISE_CELLS: int = make_mechanism(  # type: ignore[attr-defined]
+    MechanismSpec.model_validate(SPECS["piecewise"])
+).cells
 RAPPOR_LABELS = ["a.example", "b.example", "c.example"]
 
 
@@ -386,6 +391,9 @@ def test_time_older_than_retention(service: Service) -> None:
 
 # --- payloads of each mechanism -------------------------------------------------------
 
+#: B: laplace accepts grid indices -B..K+B (the grid plus the noise tail bound).
+LAPLACE_TAIL_BOUND = make_mechanism(MechanismSpec.model_validate(SPECS["laplace"])).tail_bound
+
 PAYLOAD_CASES: list[tuple[str, str, Any]] = [
     ("grr", "value too large", {"value": 4}),
     ("grr", "value negative", {"value": -1}),
@@ -426,10 +434,10 @@ PAYLOAD_CASES: list[tuple[str, str, Any]] = [
     ("duchi", "value zero", {"value": 0}),
     ("duchi", "value two", {"value": 2}),
     ("duchi", "value fraction", {"value": 0.5}),
-    ("piecewise", "value above C", {"value": 2.17}),
-    ("piecewise", "value below -C", {"value": -2.17}),
-    ("piecewise", "value in original units", {"value": 100.0}),
-    ("piecewise", "value string", {"value": "1.0"}),
+    ("piecewise", "value = M", {"value": PIECEWISE_CELLS}),
+    ("piecewise", "value negative", {"value": -1}),
+    ("piecewise", "value fraction", {"value": 1.5}),
+    ("piecewise", "value string", {"value": "1"}),
     ("piecewise", "value null", {"value": None}),
     ("rappor", "cohort = num_cohorts", {"cohort": 4, "bits": b64(b"\x00\x00")}),
     ("rappor", "cohort negative", {"cohort": -1, "bits": b64(b"\x00\x00")}),
@@ -454,8 +462,6 @@ def test_bad_payload(service: Service, metric: str, payload: Any) -> None:
 
 def test_edge_payloads_are_valid(service: Service) -> None:
     """The refusals above are at the edges: the values just inside them are accepted."""
-    piecewise = service.mechanisms["piecewise"]
-    bound = piecewise.bound  # type: ignore[attr-defined]
     service.accepts_as_new(
         [
             report("grr", {"value": 3}),
@@ -463,10 +469,10 @@ def test_edge_payloads_are_valid(service: Service) -> None:
             report("sue", {"bits": b64(b"\xff\xf0")}),
             report("olh", {"a": 10, "b": 10, "value": 3}),
             report("hr", {"value": 7}),
-            report("laplace", {"value": -(2**52)}),
+            report("laplace", {"value": -LAPLACE_TAIL_BOUND}),  # grid start minus the noise tail
             report("duchi", {"value": -1}),
-            report("piecewise", {"value": bound}),
-            report("piecewise", {"value": -bound}),
+            report("piecewise", {"value": 0}),
+            report("piecewise", {"value": PIECEWISE_CELLS - 1}),
             report("rappor", {"cohort": 3, "bits": b64(b"\xff\x0f")}),
         ]
     )
@@ -718,7 +724,7 @@ DEGENERATE_PAYLOADS: dict[str, dict[str, Any]] = {
     "grr": {"value": 0},
     "oue": {"bits": b64(b"\x80")},
     "duchi": {"value": 1},
-    "piecewise": {"value": 0.0},
+    "piecewise": {"value": 0},
     "laplace": {"value": 0},
 }
 

@@ -370,15 +370,9 @@ def out_of_range_updates(mech: Mechanism[Any, Any]) -> list[dict[str, Any]]:
         return [{"value": 2**53}, {"value": -(2**53)}, {"value": 2**63}, {"value": -(2**70)}]
     if name == "duchi":
         return [{"value": 0}, {"value": 2}, {"value": -2}]
-    if name == "piecewise":
-        z = math.exp(eps / 2)
-        bound = (z + 1) / (z - 1)
-        return [
-            {"value": bound * (1 + 1e-9)},
-            {"value": -bound - 1},
-            {"value": math.nan},
-            {"value": math.inf},
-        ]
+    if name == "piecewise":  # cell indices 0..M-1
+        cells = mech.cells  # type: ignore[attr-defined]
+        return [{"value": cells}, {"value": -1}, {"value": 2**40}]
     raise AssertionError(f"add out-of-range payloads for the new mechanism {name!r}")
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Iterator
+from decimal import Context, Decimal, localcontext
 from fractions import Fraction
 from typing import Any
 
@@ -38,9 +39,13 @@ from shared.randomness import (
     DIRECT_BERNOULLI_WORDS,
     RandomSource,
     as_source,
+    certified_threshold,
     discrete_laplace_pmf,
     discrete_laplace_variance,
     exact_probability,
+    ratio_within_epsilon,
+    realized_probability,
+    step_until_within,
     threshold53,
 )
 
@@ -343,12 +348,44 @@ def test_bernoulli_per_element_p(make_source: SourceFactory) -> None:
 @pytest.mark.parametrize(
     "p", [0.0, 2.0**-54, 2.0**-53, 3 * 2.0**-54, 1e-3, 0.1, 0.5, 0.73, 1 - 2.0**-53, 1.0]
 )
-def test_threshold53_is_exact_floor(p: float) -> None:
-    """threshold53(p) = floor(p * 2**53) in exact arithmetic; exact_probability = T / 2**53."""
-    expected = math.floor(Fraction(p) * TWO_53)
-    assert int(threshold53(p)) == expected
-    assert exact_probability(p) == expected / TWO_53
-    assert threshold53(np.array([p, p])).tolist() == [expected, expected]
+def test_threshold53_is_exact_floor_or_ceiling(p: float) -> None:
+    """threshold53(p, "down") = floor(p * 2**53) and (p, "up") = ceil(p * 2**53) in exact
+    arithmetic; exact_probability = floor / 2**53 and realized_probability(T) = T / 2**53."""
+    floor, ceiling = math.floor(Fraction(p) * TWO_53), math.ceil(Fraction(p) * TWO_53)
+    assert int(threshold53(p, "down")) == floor
+    assert int(threshold53(p, "up")) == ceiling
+    assert exact_probability(p) == floor / TWO_53 == realized_probability(floor)
+    assert threshold53(np.array([p, p]), "down").tolist() == [floor, floor]
+    assert threshold53(np.array([p, p]), "up").tolist() == [ceiling, ceiling]
+
+
+def test_threshold53_needs_a_rounding_direction() -> None:
+    with pytest.raises(ValueError, match="rounding must be 'down' or 'up'"):
+        threshold53(0.5, "nearest")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("epsilon", [1e-3, 0.5, 1.0, 2.3, 8.0, 20.0])
+def test_ratio_within_epsilon_is_exact_at_the_boundary(epsilon: float) -> None:
+    """Rationals a relative 1e-40 below e^eps are accepted, 1e-40 above refused: the
+    comparison resolves far finer than any 53-bit threshold step (>= 2^-53 relative)."""
+    with localcontext(Context(prec=80)):
+        exact = Fraction(Decimal(epsilon).exp())  # e^eps to 80 digits
+    assert ratio_within_epsilon(exact * (1 - Fraction(1, 10**40)), epsilon)
+    assert not ratio_within_epsilon(exact * (1 + Fraction(1, 10**40)), epsilon)
+
+
+def test_certified_threshold_steps_in_the_safe_direction() -> None:
+    """T / (2^53 - T) <= e^eps: from a start above the largest such T, stepping down
+    ends exactly at the largest; a ratio that never fits is refused with a ValueError."""
+    epsilon = 1.0
+    ratio = lambda t: Fraction(t, TWO_53 - t)  # noqa: E731
+    with localcontext(Context(prec=60)):
+        e = Fraction(Decimal(epsilon).exp())
+    largest = math.floor(e * TWO_53 / (1 + e))  # T <= e (2^53 - T)
+    assert certified_threshold((largest + 3) / TWO_53, "down", ratio, epsilon) == largest
+    assert step_until_within(largest + 5, "down", ratio, epsilon) == largest
+    with pytest.raises(ValueError, match="likelihood ratio"):
+        step_until_within(largest + 1, "up", ratio, epsilon)
 
 
 def _crafted_words(tops: list[int]) -> Callable[[int], np.ndarray]:
@@ -368,7 +405,7 @@ def test_bernoulli_threshold_boundary(monkeypatch: pytest.MonkeyPatch, p: float)
     Words with U = T - 1 must give True and U = T, T + 1 False; U = 0 is True
     (T >= 1 here) and U = 2**53 - 1 False (T < 2**53).
     """
-    threshold = int(threshold53(p))
+    threshold = int(threshold53(p, "down"))
     tops = [threshold - 1, threshold, min(threshold + 1, TWO_53 - 1), 0, TWO_53 - 1]
     source = RandomSource(None)
     monkeypatch.setattr(source, "words", _crafted_words(tops))
@@ -400,7 +437,7 @@ def test_bernoulli_bits_layout(make_source: SourceFactory, bits: int) -> None:
     source = make_source(600 + bits)
     rows, nbytes = 257, (bits + 7) // 8
     for p in (0.0, 0.5, 1.0):
-        packed = source.bernoulli_bits(p, rows, bits)
+        packed = source.bernoulli_bits(int(threshold53(p, "down")), rows, bits)
         assert packed.dtype == np.uint8 and packed.shape == (rows, nbytes)
         full = np.unpackbits(packed, axis=1)
         assert not full[:, bits:].any(), "padding bits must be zero"
@@ -411,7 +448,7 @@ def test_bernoulli_bits_layout(make_source: SourceFactory, bits: int) -> None:
             assert not matrix.any()
         if p == 1.0:
             assert matrix.all()
-    assert source.bernoulli_bits(0.5, 0, bits).shape == (0, nbytes)
+    assert source.bernoulli_bits(int(threshold53(0.5, "down")), 0, bits).shape == (0, nbytes)
 
 
 @pytest.mark.parametrize("p", BITS_PROBS)
@@ -420,7 +457,8 @@ def test_bernoulli_bits_frequencies(make_source: SourceFactory, p: float) -> Non
 
     131 binomial tests, each at ALPHA / 131.
     """
-    packed = make_source(700 + int(p * 1000)).bernoulli_bits(p, BITS_ROWS, BITS_WIDTH)
+    threshold = int(threshold53(p, "down"))
+    packed = make_source(700 + int(p * 1000)).bernoulli_bits(threshold, BITS_ROWS, BITS_WIDTH)
     matrix = np.unpackbits(packed, axis=1, count=BITS_WIDTH)
     prob = exact_probability(p)
     family = BITS_WIDTH + 1
@@ -446,10 +484,10 @@ def test_bernoulli_bits_small_matrices_frequencies(make_source: SourceFactory, p
     the 130 positions and the total are Binomial at exact_probability(p) (131 tests, each at
     ALPHA / 131)."""
     source = make_source(900 + int(p * 1000))
-    rows = 20_000
+    rows, threshold = 20_000, int(threshold53(p, "down"))
     matrix = np.concatenate(
         [
-            np.unpackbits(source.bernoulli_bits(p, 1, BITS_WIDTH), axis=1, count=BITS_WIDTH)
+            np.unpackbits(source.bernoulli_bits(threshold, 1, BITS_WIDTH), axis=1, count=BITS_WIDTH)
             for _ in range(rows)
         ]
     )
@@ -470,7 +508,8 @@ def test_bernoulli_bits_adjacent_independence(make_source: SourceFactory, p: flo
     boundary (7|8, 63|64, 127|128), and the same bit in rows 2i, 2i+1. Three
     contingency tests, each at ALPHA / 3.
     """
-    packed = make_source(800 + int(p * 1000)).bernoulli_bits(p, BITS_ROWS, BITS_WIDTH)
+    threshold = int(threshold53(p, "down"))
+    packed = make_source(800 + int(p * 1000)).bernoulli_bits(threshold, BITS_ROWS, BITS_WIDTH)
     matrix = np.unpackbits(packed, axis=1, count=BITS_WIDTH).astype(bool)
     assert_contingency_independent(
         matrix[:, 0::2], matrix[:, 1::2], alpha=ALPHA / 3, label=f"p={p} (2k, 2k+1)"
@@ -506,13 +545,13 @@ def test_bernoulli_bits_threshold_boundary(monkeypatch: pytest.MonkeyPatch, p: f
     Relies on the documented lazy comparison: U's bits are drawn most significant
     first, one call of ``words`` per bit position (a matrix above the direct-draw size).
     """
-    threshold = int(threshold53(p))
+    threshold = int(threshold53(p, "down"))
     lowest_one = (threshold & -threshold).bit_length() - 1
     rows = DIRECT_BERNOULLI_WORDS  # 64 rows of 10 bytes: 80 words, the lazy path
     for flip_at, expected in ((None, 0), (lowest_one, 1)):
         source = RandomSource(None)
         monkeypatch.setattr(source, "words", _bit_words(threshold, flip_at))
-        matrix = np.unpackbits(source.bernoulli_bits(p, rows, 77), axis=1, count=77)
+        matrix = np.unpackbits(source.bernoulli_bits(threshold, rows, 77), axis=1, count=77)
         assert np.all(matrix == expected), f"U {'= T' if flip_at is None else '< T'}"
 
 
@@ -521,7 +560,7 @@ def test_bernoulli_bits_direct_draw_boundary(monkeypatch: pytest.MonkeyPatch, p:
     """White-box, small matrices (one 56-bit V per bit: its top byte, then, for the lanes
     where that byte ties with 8 T's, its six other bytes): V = 8 T gives 0, V = 8 T - 1
     gives 1."""
-    threshold = int(threshold53(p))
+    threshold = int(threshold53(p, "down"))
     for v, expected in ((threshold << 3, 0), ((threshold << 3) - 1, 1)):
         source = RandomSource(None)
         octets = v.to_bytes(7, "big")
@@ -532,7 +571,7 @@ def test_bernoulli_bits_direct_draw_boundary(monkeypatch: pytest.MonkeyPatch, p:
             return np.frombuffer(chunk * (size // len(chunk)), dtype=np.uint8).copy()
 
         monkeypatch.setattr(source, "octets", fake)
-        matrix = np.unpackbits(source.bernoulli_bits(p, 3, 77), axis=1, count=77)
+        matrix = np.unpackbits(source.bernoulli_bits(threshold, 3, 77), axis=1, count=77)
         assert np.all(matrix == expected), f"V = 8T{'' if expected == 0 else ' - 1'}"
 
 
@@ -550,7 +589,7 @@ def test_bernoulli_row_frequencies(make_source: SourceFactory) -> None:
     ALPHA / 13)."""
     source = make_source(1_300)
     rows = 20_000
-    q_threshold, p_threshold = int(threshold53(0.27)), int(threshold53(0.5))
+    q_threshold, p_threshold = int(threshold53(0.27, "down")), int(threshold53(0.5, "down"))
     packed = np.stack(
         [source.bernoulli_row(q_threshold, ROW_BITS, ROW_SPECIAL, p_threshold) for _ in range(rows)]
     )
@@ -575,8 +614,8 @@ def test_bernoulli_row_boundary(monkeypatch: pytest.MonkeyPatch, p: float) -> No
     for the special bit (at its own threshold, that of 0.3) and the others. Relies on the
     documented draw: one buffer of V's top bytes, then six bytes per tied bit (the special
     bit first, then the others in order)."""
-    thresholds = np.full(ROW_BITS, int(threshold53(p)), dtype=object)
-    thresholds[ROW_SPECIAL] = int(threshold53(0.3))
+    thresholds = np.full(ROW_BITS, int(threshold53(p, "down")), dtype=object)
+    thresholds[ROW_SPECIAL] = int(threshold53(0.3, "down"))
     for offset, expected in ((0, 0), (-1, 1)):
         values = [(int(t) << 3) + offset for t in thresholds]
         if min(values) < 0:
@@ -602,7 +641,7 @@ def test_bernoulli_row_certain_bits_and_errors(make_source: SourceFactory) -> No
     """Probability 0 gives 0 and probability 1 gives 1, whatever is drawn; a special bit
     outside the row is refused."""
     source = make_source(1_301)
-    zero, one = int(threshold53(0.0)), int(threshold53(1.0))
+    zero, one = int(threshold53(0.0, "down")), int(threshold53(1.0, "down"))
     for _ in range(200):
         assert np.unpackbits(source.bernoulli_row(zero, 20, 3, one), count=20).tolist() == [
             int(i == 3) for i in range(20)
@@ -799,15 +838,26 @@ def test_random_source_rejects_non_generator(bad: Any) -> None:
 def test_threshold53_rejects_outside_unit_interval(bad: Any) -> None:
     """p outside [0, 1], NaN or infinite is a ValueError (also inside arrays and bernoulli)."""
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
-        threshold53(bad)
+        threshold53(bad, "down")
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        threshold53(bad, "up")
     with pytest.raises(ValueError):
         RandomSource(np.random.default_rng(0)).bernoulli(bad)
 
 
 def test_threshold53_endpoints() -> None:
-    """threshold53 maps 0 to 0 and 1 to 2**53 (the always-True threshold)."""
-    assert threshold53([0.0, 1.0]).tolist() == [0, TWO_53]
-    assert threshold53(0.5).dtype == np.uint64
+    """threshold53 maps 0 to 0 and 1 to 2**53 (the always-True threshold), either way."""
+    assert threshold53([0.0, 1.0], "down").tolist() == [0, TWO_53]
+    assert threshold53([0.0, 1.0], "up").tolist() == [0, TWO_53]
+    assert threshold53(0.5, "down").dtype == np.uint64
+
+
+def test_thresholds_outside_the_53_bit_range_are_refused() -> None:
+    source = RandomSource(np.random.default_rng(0))
+    with pytest.raises(ValueError, match=r"0\.\.2\*\*53"):
+        source.bernoulli_below(TWO_53 + 1, 4)
+    with pytest.raises(ValueError, match=r"0\.\.2\*\*53"):
+        source.bernoulli_bits(TWO_53 + 1, 2, 9)
 
 
 def test_secure_property_and_as_source() -> None:
@@ -832,7 +882,8 @@ def test_seeded_source_is_reproducible_and_os_source_is_not() -> None:
             source.uniform(16),
             source.integers(np.array([3, 2**40 + 3, 1000])),
             source.bernoulli(0.3, size=16),
-            source.bernoulli_bits(0.3, 4, 77),
+            source.bernoulli_bits(int(threshold53(0.3, "down")), 4, 77),
+            source.bernoulli_below(np.array([1, 2**52, 2**53 - 1]), 3),
             source.bernoulli_exp(np.arange(8), 3),
             source.geometric_exp(16),
             source.discrete_laplace(1, 3, 16),

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import itertools
 import math
+from decimal import Context, Decimal, localcontext
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -25,8 +27,8 @@ from shared.mechanisms import make_mechanism
 from shared.mechanisms.rappor import Rappor
 from shared.schemas import MechanismSpec, rappor_epsilon_infinity, rappor_epsilon_one
 
-#: Relative slack for float rounding in products of a few dozen probabilities.
-RTOL = 1e-9
+#: Relative slack for float rounding in products of a few dozen probabilities (~1e-14).
+RTOL = 1e-12
 
 
 def rappor(k: int, h: int, f: float, p: float, q: float) -> Rappor:
@@ -137,3 +139,32 @@ def test_epsilon_one_bounds_but_is_not_tight_when_k_below_2h(k: int, h: int) -> 
     mech = rappor(k, h, 0.5, 0.25, 0.75)
     assert max_ratio(mech.transition_matrix()) < math.exp(mech.epsilon_one) * (1 - 1e-6)
     assert max_ratio(mech.prr_matrix()) < math.exp(mech.epsilon_infinity) * (1 - 1e-6)
+
+
+def exact_log(ratio: Fraction) -> Decimal:
+    """ln of an exact rational, to 60 digits (errors below 1e-55)."""
+    with localcontext(Context(prec=60)):
+        return Decimal(ratio.numerator).ln() - Decimal(ratio.denominator).ln()
+
+
+@pytest.mark.parametrize(("k", "h", "f", "p", "q"), PARAMETERS)
+def test_realized_thresholds_stay_within_the_reported_epsilons(
+    k: int, h: int, f: float, p: float, q: float
+) -> None:
+    """From the thresholds (T_f, T_p, T_q) alone, in exact rationals: the PRR's
+    2 h ln((N - T_f) / T_f) <= epsilon_infinity and one report's h ln(q* (1 - p*) /
+    (p* (1 - q*))) <= epsilon_one, with q* = ((N - T_f) T_q + T_f T_p) / N^2 and
+    p* = (T_f T_q + (N - T_f) T_p) / N^2. The logarithms are exact to 1e-55, so no
+    excess from rounding thresholds the wrong way (about 1e-16 here) could hide."""
+    mech = rappor(k, h, f, p, q)
+    n = 2**53
+    flip, p_threshold, q_threshold = mech.thresholds
+    assert abs(flip - f / 2 * n) <= 64 and abs(p_threshold - p * n) <= 1
+    assert abs(q_threshold - q * n) <= 1
+    q_star = (n - flip) * q_threshold + flip * p_threshold
+    p_star = flip * q_threshold + (n - flip) * p_threshold
+    square = n * n
+    one = exact_log(Fraction(q_star * (square - p_star), p_star * (square - q_star)) ** h)
+    assert one <= Decimal(mech.epsilon_one) and one <= Decimal(mech.epsilon)
+    if f > 0:
+        assert exact_log(Fraction(n - flip, flip) ** (2 * h)) <= Decimal(mech.epsilon_infinity)

@@ -181,8 +181,10 @@ def test_bounds_do_not_apply_to_categorical(name: str, field: str) -> None:
     assert_refused({**valid_fields(name), field: 0.0}, field)
 
 
-@pytest.mark.parametrize("name", [n for n in CATEGORICAL + NUMERIC + STRING if n != "laplace"])
-def test_grid_steps_applies_only_to_laplace(name: str) -> None:
+@pytest.mark.parametrize(
+    "name", [n for n in CATEGORICAL + NUMERIC + STRING if n not in ("laplace", "piecewise")]
+)
+def test_grid_steps_applies_only_to_gridded_mechanisms(name: str) -> None:
     assert_refused({**valid_fields(name), "grid_steps": 16}, "grid_steps")
 
 
@@ -223,6 +225,7 @@ VALID_SPECS = [
     {"mechanism": "laplace", "epsilon": 1.5, "lower": -3.7, "upper": 11.2, "grid_steps": 16},
     {"mechanism": "laplace", "epsilon": MAX_EPSILON, "lower": 0.0, "upper": 1e-3},
     {"mechanism": "piecewise", "epsilon": 0.30000000000000004, "lower": -1e300, "upper": 1e300},
+    {"mechanism": "piecewise", "epsilon": 2.0, "lower": 0.0, "upper": 120.0, "grid_steps": 64},
     *(valid_fields(name) for name in CATEGORICAL + NUMERIC + STRING),
     {
         "mechanism": "rappor",

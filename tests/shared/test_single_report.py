@@ -33,7 +33,7 @@ def test_scalar_samplers(seeded: bool) -> None:
     source = RandomSource(np.random.default_rng(1) if seeded else None)
     draws = np.array([source.below(7) for _ in range(14_000)])
     assert chi_square_ok(np.bincount(draws, minlength=7), np.full(7, 1 / 7))
-    threshold = int(threshold53(0.3))
+    threshold = int(threshold53(0.3, "down"))
     ones = sum(source.bernoulli_one(threshold) for _ in range(20_000))
     assert stats.binomtest(ones, 20_000, exact_probability(0.3)).pvalue > ALPHA
     with pytest.raises(ValueError, match="high >= 1"):
