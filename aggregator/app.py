@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from aggregator import observability as obs
 from aggregator.auth import KeyRing, RateLimiter, Role
+from aggregator.catalog import Published
 from aggregator.deps import Admin, Analyst, Device
 from aggregator.estimates import EstimateOut
 from aggregator.federated import Federated
@@ -60,6 +61,12 @@ RFC3339_DATE_TIME = re.compile(
 PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": Problem, "content": {"application/problem+json": {}}}
     for status in (400, 401, 403, 404, 409, 413, 422, 429, 503)
+}
+#: The public metric documents: any cache may keep them but must revalidate (a cheap 304
+#: by ETag), so a new version is seen at once.
+PUBLIC_CACHE_CONTROL = "public, no-cache"
+NOT_MODIFIED: dict[int | str, dict[str, Any]] = {
+    304: {"description": "Not modified: the ETag given in If-None-Match is current."}
 }
 
 
@@ -235,18 +242,33 @@ def create_app(settings: Settings, aggregator: Aggregator | None = None) -> Fast
         body, content_type = obs.exposition()
         return Response(body, media_type=content_type)
 
-    @app.get("/v1/metrics", response_model=list[MetricSpec], tags=["metrics"])
-    async def list_metrics() -> Any:
-        """The current version of every metric: public, so anyone can audit the privacy promise."""
-        return await run_in_threadpool(service.catalog.latest)
+    @app.get(
+        "/v1/metrics", response_model=list[MetricSpec], tags=["metrics"], responses=NOT_MODIFIED
+    )
+    async def list_metrics(request: Request) -> Any:
+        """The current version of every metric: public, so anyone can audit the privacy promise.
 
-    @app.get("/v1/metrics/{name}/versions", response_model=list[MetricSpec], tags=["metrics"])
-    async def metric_versions(name: MetricName) -> Any:
-        """Every version of one metric, oldest first (public)."""
-        versions = await run_in_threadpool(service.catalog.versions, name)
-        if not versions:
+        Served from bytes serialized once per catalog state, with an ``ETag``; a request
+        whose ``If-None-Match`` names the current tag gets 304. There is no key to rate
+        limit by, and no per-address limit (devices behind one NAT or proxy share an
+        address, and the service keeps no client addresses): each request costs a
+        comparison and a send, as ``/healthz`` does.
+        """
+        document = await run_in_threadpool(service.catalog.published_latest)
+        return _published(request, document)
+
+    @app.get(
+        "/v1/metrics/{name}/versions",
+        response_model=list[MetricSpec],
+        tags=["metrics"],
+        responses=NOT_MODIFIED,
+    )
+    async def metric_versions(request: Request, name: MetricName) -> Any:
+        """Every version of one metric, oldest first (public; cached as ``/v1/metrics`` is)."""
+        document = await run_in_threadpool(service.catalog.published_versions, name)
+        if document is None:
             raise ProblemError(404, "unknown-metric", "Unknown metric", f"no metric {name!r}")
-        return versions
+        return _published(request, document)
 
     @app.put(
         "/v1/metrics/{name}",
@@ -375,7 +397,18 @@ def create_app(settings: Settings, aggregator: Aggregator | None = None) -> Fast
     @app.post("/v1/keys", response_model=KeyCreated, status_code=201, tags=["keys"])
     async def create_key(request_body: KeyRequest, principal: Admin) -> Any:
         """Create an API key; the reply is the only time the key is shown."""
-        key_id, key = await run_in_threadpool(keys.create, request_body.role, request_body.label)
+        try:
+            key_id, key = await run_in_threadpool(
+                keys.create, request_body.role, request_body.label
+            )
+        except ValueError as error:
+            raise ProblemError(
+                422,
+                "invalid-key-request",
+                "Invalid key request",
+                str(error),
+                [{"field": "label", "message": str(error)}],
+            ) from None
         obs.log(
             logger,
             logging.INFO,
@@ -414,6 +447,21 @@ def create_app(settings: Settings, aggregator: Aggregator | None = None) -> Fast
     add_federated_routes(app)
     _document_batch_schema(app)
     return app
+
+
+def _published(request: Request, document: Published) -> Response:
+    """``document`` with its ``ETag``, or 304 when ``If-None-Match`` names that tag.
+
+    ``If-None-Match`` is ``*`` or a list of tags compared weakly (RFC 9110, 13.1.2: a
+    ``W/`` prefix is ignored).
+    """
+    headers = {"ETag": document.etag, "Cache-Control": PUBLIC_CACHE_CONTROL}
+    wanted = request.headers.get("if-none-match")
+    if wanted is not None:
+        tags = {tag.strip().removeprefix("W/") for tag in wanted.split(",")}
+        if "*" in tags or document.etag in tags:
+            return Response(status_code=304, headers=headers)
+    return Response(document.body, media_type="application/json", headers=headers)
 
 
 def _document_batch_schema(app: FastAPI) -> None:

@@ -6,9 +6,26 @@ and manages keys (and may do what the others do). A key is ``ldp_`` + 32 random 
 ``hmac.compare_digest``. Keys are unguessable (256 bits), so a fast hash suffices: no
 salt or slow hash is needed to resist guessing, unlike passwords.
 
-Keys come from the admin API, from ``LDP_ADMIN_KEYS`` / ``LDP_ANALYST_KEYS`` /
-``LDP_DEVICE_KEYS`` (comma-separated, hashed at start), or, when a database has no key
-at all, from the first start, which creates one admin key and prints it once.
+Keys come from the admin API or ``ldp-aggregator create-key``, from ``LDP_ADMIN_KEYS``
+/ ``LDP_ANALYST_KEYS`` / ``LDP_DEVICE_KEYS`` (comma-separated, hashed at start), or, when
+a database has no key at all, from the first start, which creates one admin key and
+prints it once.
+
+Keys from the environment follow it. Each is stored with the label ``from
+LDP_<ROLE>_KEYS`` (labels the API and the CLI refuse), and at every start
+(``sync_environment_keys``):
+
+* a listed key not stored yet is added;
+* a stored environment key no longer listed in its role's variable (or the variable
+  unset) is revoked, and relabelled ``from LDP_<ROLE>_KEYS; revoked at start: no
+  longer listed``;
+* a key revoked that way and listed again is active again, under its first label and
+  key id: an accidental start without the variables is undone by a start with them;
+* a key revoked through the API stays revoked even if listed (a revocation is final:
+  list a new key), and a key keeps the role it was first stored with; the start logs a
+  warning for each such key, naming the variable and the key id, never the key.
+
+Keys created by the API or the CLI are never touched by a start.
 """
 
 from __future__ import annotations
@@ -17,12 +34,16 @@ import hashlib
 import hmac
 import secrets
 import threading
+import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
+from aggregator import observability as obs
 from aggregator.storage import Storage
+
+logger = logging.getLogger("ldp.aggregator")
 
 Role = Literal["device", "analyst", "admin"]
 ROLES: tuple[Role, ...] = ("device", "analyst", "admin")
@@ -32,6 +53,12 @@ KEY_VARIABLES: dict[Role, str] = {
     "analyst": "LDP_ANALYST_KEYS",
     "device": "LDP_DEVICE_KEYS",
 }
+#: The label of a key stored from each role's variable.
+ENVIRONMENT_LABELS: dict[Role, str] = {
+    role: f"from {variable}" for role, variable in KEY_VARIABLES.items()
+}
+#: Appended to that label when a start revokes the key because it is no longer listed.
+UNLISTED = "; revoked at start: no longer listed"
 KEY_PREFIX = "ldp_"
 #: Shortest key accepted from the environment.
 MIN_KEY_LENGTH = 16
@@ -93,20 +120,25 @@ class KeyRing:
         return None
 
     def create(self, role: Role, label: str) -> tuple[str, str]:
-        """A new key for ``role``: ``(key_id, key)``. The key is shown once, stored hashed."""
+        """A new key for ``role``: ``(key_id, key)``. The key is shown once, stored hashed.
+
+        Raises ValueError for a label reserved for keys from the environment.
+        """
+        if environment_role(label) is not None:
+            raise ValueError(f"the label {label!r} is reserved for keys from the environment")
         key = new_key()
         key_id = secrets.token_hex(8)
         self._storage.add_key(key_id, hash_key(key), role, label)
         self.reload()
         return key_id, key
 
-    def import_key(self, key: str, role: Role, label: str) -> bool:
-        """Store an operator-supplied key (from the environment); False if already stored."""
-        if len(key) < MIN_KEY_LENGTH:
-            raise ValueError(f"{role} keys must have at least {MIN_KEY_LENGTH} characters")
-        added = self._storage.add_key(secrets.token_hex(8), hash_key(key), role, label)
+    def import_key(self, key: str, role: Role, label: str) -> str | None:
+        """Store an operator-supplied key (checked by ``listed_keys``); its new key id, or
+        None if that key is already stored."""
+        key_id = secrets.token_hex(8)
+        added = self._storage.add_key(key_id, hash_key(key), role, label)
         self.reload()
-        return added
+        return key_id if added else None
 
     def revoke(self, key_id: str) -> bool:
         revoked = self._storage.revoke_key(key_id)
@@ -138,16 +170,102 @@ class RateLimiter:
             return (1.0 - tokens) / self.rate
 
 
+def environment_role(label: str) -> Role | None:
+    """The role whose variable a key with this label came from, or None (not from it)."""
+    for role, environment in ENVIRONMENT_LABELS.items():
+        if label in (environment, environment + UNLISTED):
+            return role
+    return None
+
+
+@dataclass
+class KeyChanges:
+    """What a start did to the keys from the environment (key ids), and what it refused."""
+
+    added: list[str] = field(default_factory=list)
+    revoked: list[str] = field(default_factory=list)
+    restored: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+
+
+def listed_keys(environ: Mapping[str, str]) -> dict[str, tuple[str, Role]]:
+    """The keys ``LDP_*_KEYS`` list, by hash: ``{hash: (key, role)}``.
+
+    Raises ValueError, before anything is stored, for a key shorter than
+    ``MIN_KEY_LENGTH`` or one listed for two roles.
+    """
+    listed: dict[str, tuple[str, Role]] = {}
+    for role in ROLES:
+        variable = KEY_VARIABLES[role]
+        for key in filter(None, (k.strip() for k in environ.get(variable, "").split(","))):
+            if len(key) < MIN_KEY_LENGTH:
+                raise ValueError(
+                    f"{variable}: keys must have at least {MIN_KEY_LENGTH} characters"
+                )
+            digest = hash_key(key)
+            other = listed.get(digest, (key, role))[1]
+            if other != role:
+                raise ValueError(
+                    f"a key is listed in both {KEY_VARIABLES[other]} and {variable}; "
+                    "a key has one role"
+                )
+            listed[digest] = (key, role)
+    return listed
+
+
+def sync_environment_keys(
+    keys: KeyRing, storage: Storage, environ: Mapping[str, str]
+) -> KeyChanges:
+    """Make the stored environment keys follow ``LDP_*_KEYS`` (the rules are in the module
+    docstring); raises ValueError, changing nothing, for a badly formed list."""
+    listed = listed_keys(environ)
+    changes = KeyChanges()
+    stored = {row["key_hash"]: row for row in storage.keys()}
+    for digest, row in stored.items():
+        role = environment_role(row["label"])
+        if role is None:
+            continue
+        still_listed = listed.get(digest, ("", None))[1] == row["role"]
+        if row["revoked_at"] is None and not still_listed:
+            storage.revoke_key(row["key_id"], ENVIRONMENT_LABELS[role] + UNLISTED)
+            changes.revoked.append(row["key_id"])
+        elif row["label"].endswith(UNLISTED) and still_listed:
+            storage.restore_key(row["key_id"], ENVIRONMENT_LABELS[role])
+            changes.restored.append(row["key_id"])
+    for digest, (key, role) in listed.items():
+        row = stored.get(digest)
+        variable = KEY_VARIABLES[role]
+        if row is None:
+            key_id = keys.import_key(key, role, ENVIRONMENT_LABELS[role])
+            if key_id is not None:  # else another process stored it meanwhile
+                changes.added.append(key_id)
+        elif row["role"] != role:
+            changes.refused.append(
+                f"a key listed in {variable} is stored as a {row['role']} key (id "
+                f"{row['key_id']}); a key keeps its role: list a new key"
+            )
+        elif row["revoked_at"] is not None and not row["label"].endswith(UNLISTED):
+            changes.refused.append(
+                f"a key listed in {variable} (id {row['key_id']}) was revoked; a revocation "
+                "is final: list a new key"
+            )
+    keys.reload()
+    return changes
+
+
 def bootstrap_keys(keys: KeyRing, storage: Storage, environ: Mapping[str, str]) -> str | None:
-    """Import keys from ``LDP_*_KEYS``; when none is stored at all, create an admin key.
+    """Make the keys follow ``LDP_*_KEYS``; when none is stored at all, create an admin key.
 
     Returns the created admin key, to be printed once, or None. Run once per start,
     before the worker processes, so that two workers never both create one.
     """
-    for role in ROLES:
-        listed = environ.get(KEY_VARIABLES[role], "").split(",")
-        for key in filter(None, (k.strip() for k in listed)):
-            keys.import_key(key, role, f"from {KEY_VARIABLES[role]}")
+    changes = sync_environment_keys(keys, storage, environ)
+    if changes.revoked:
+        obs.log(logger, logging.WARNING, "environment keys revoked", key_ids=changes.revoked)
+    if changes.restored:
+        obs.log(logger, logging.WARNING, "environment keys restored", key_ids=changes.restored)
+    for refusal in changes.refused:
+        obs.log(logger, logging.WARNING, "environment key not active", reason=refusal)
     if storage.count_keys() == 0:
         return keys.create("admin", "created at first start")[1]
     return None

@@ -9,7 +9,8 @@
 default ``~/.local/share/ldp-telemetry``) with a built-in demo metric set. Before the
 workers start it creates the schema, defines the metrics (``--config``: those of the
 file, a new version where a spec changed; otherwise the demo set, where missing), and
-imports keys from ``LDP_ADMIN_KEYS`` / ``LDP_ANALYST_KEYS`` / ``LDP_DEVICE_KEYS``; on a
+makes the keys from the environment follow ``LDP_ADMIN_KEYS`` / ``LDP_ANALYST_KEYS`` /
+``LDP_DEVICE_KEYS`` (new ones added, unlisted ones revoked: ``aggregator/auth.py``); on a
 database with no key it creates an admin key and prints it once.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging.config
 import os
 import sys
 import tempfile
@@ -72,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             key_id, secret = KeyRing(service.storage).create(args.role, args.label)
             print(f"{args.role} key {key_id}: {secret}")
+    except ValueError as error:
+        parser.exit(2, f"ldp-aggregator: error: {error}\n")
     finally:
         service.close()
     return 0
@@ -87,6 +91,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     if args.workers < 1:
         raise ValueError("--workers must be at least 1")
     definitions = load_definitions(args.config) if args.config else None
+    logging.config.dictConfig(uvicorn_log_config(args.log_level))  # the start's own messages
     service = Aggregator(settings)
     if args.workers > 1 and service.storage.dialect == "sqlite":
         print(

@@ -5,16 +5,29 @@ with standard errors, the 95% normal interval ``estimate ± 1.96 std``, and besi
 the post-processed estimate (a valid distribution, or a mean inside the bounds), which
 is biased and marked so. RAPPOR metrics are decoded against the metric's candidate
 strings (its labels) or the ones the request lists.
+
+The release threshold applies per stored time bucket (``ReleasedBuckets``): a bucket's
+reports enter an estimate only if the bucket holds at least ``min_reports`` of them in
+all (the sum over its partial rows, so compaction changes nothing). A threshold on the
+window's total alone could be bypassed by differencing: the estimates over ``[h-3, h)``
+and ``[h-3, h+1)`` differ by exactly the reports of hour ``h``, however few. With the
+threshold per bucket, adding a bucket below it to a window leaves that window's estimate
+unchanged. The estimate says what was left out (``suppressed_buckets``,
+``suppressed_reports``): report counts are public in this design (``n`` is released), so
+this tells the size of a small bucket, never anything about its reports' values.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, Field
 
+from aggregator.storage import PartialRow
 from shared.estimates import Estimate, MeanEstimate
 from shared.mechanisms import Mechanism, Rappor, RapporEstimate
 from shared.schemas import MetricSpec
@@ -48,6 +61,46 @@ class EstimateWindow:
 
     def as_json(self) -> dict[str, str | None]:
         return {"start": _iso(self.first), "end": _iso(self.stop)}
+
+
+@dataclass(frozen=True)
+class ReleasedBuckets:
+    """The partial rows of a window that the per-bucket release threshold lets through."""
+
+    rows: list[PartialRow]
+    min_reports: int
+    #: Buckets with at least ``min_reports`` reports (their rows are ``rows``).
+    buckets: int
+    #: Buckets with reports, but fewer than ``min_reports``, and those reports.
+    suppressed_buckets: int
+    suppressed_reports: int
+
+    @classmethod
+    def of(cls, rows: Sequence[PartialRow], min_reports: int) -> ReleasedBuckets:
+        """Keep the rows of the buckets whose rows hold ``sum n >= min_reports`` reports."""
+        buckets = np.fromiter((row.bucket for row in rows), dtype=np.int64, count=len(rows))
+        counts = np.fromiter((row.n for row in rows), dtype=np.int64, count=len(rows))
+        distinct, which = np.unique(buckets, return_inverse=True)
+        sizes = np.zeros(distinct.size, dtype=np.int64)
+        np.add.at(sizes, which, counts)
+        large = sizes >= min_reports
+        small = ~large & (sizes > 0)
+        keep = large[which]
+        return cls(
+            rows=[row for row, kept in zip(rows, keep.tolist(), strict=True) if kept],
+            min_reports=min_reports,
+            buckets=int(large.sum()),
+            suppressed_buckets=int(small.sum()),
+            suppressed_reports=int(sizes[small].sum()),
+        )
+
+    def as_json(self) -> dict[str, int]:
+        return {
+            "min_reports": self.min_reports,
+            "buckets": self.buckets,
+            "suppressed_buckets": self.suppressed_buckets,
+            "suppressed_reports": self.suppressed_reports,
+        }
 
 
 def _utc(value: datetime, name: str) -> datetime:
@@ -91,6 +144,19 @@ class EstimateBase(BaseModel):
     n: int
     confidence: float = CONFIDENCE
     window: Window
+    min_reports: int = Field(
+        description="Release threshold: a time bucket's reports enter the estimate only if "
+        "the bucket holds at least this many."
+    )
+    buckets: int = Field(description="Time buckets whose reports make up the estimate (n).")
+    suppressed_buckets: int = Field(
+        description="Time buckets of the window left out: they hold reports, fewer than "
+        "min_reports."
+    )
+    suppressed_reports: int = Field(
+        description="Reports in the suppressed buckets (report counts are public, as n is; "
+        "the suppressed reports' values are never used)."
+    )
 
 
 class CategoricalEstimateOut(EstimateBase):
@@ -143,9 +209,11 @@ def build_estimate(
     mechanism: Mechanism,
     stats: CountStatistics | MomentStatistics,
     window: EstimateWindow,
+    released: ReleasedBuckets,
     candidates: list[str] | None = None,
 ) -> dict[str, object]:
-    """The published estimate of ``stats`` (JSON-ready, one of the ``*EstimateOut`` shapes)."""
+    """The published estimate of ``stats``, the statistics of ``released.rows`` (JSON-ready,
+    one of the ``*EstimateOut`` shapes)."""
     base: dict[str, object] = {
         "metric": metric.name,
         "version": metric.version,
@@ -154,6 +222,7 @@ def build_estimate(
         "n": stats.n,
         "confidence": CONFIDENCE,
         "window": window.as_json(),
+        **released.as_json(),
     }
     if isinstance(mechanism, Rappor):
         assert isinstance(stats, CountStatistics)

@@ -77,7 +77,7 @@ class PreparedBatch:
 
 
 class MechanismLookup(Protocol):
-    """Where ``prepare`` finds metric versions (``aggregator.service.Catalog``)."""
+    """Where ``prepare`` finds metric versions (``aggregator.catalog.Catalog``)."""
 
     def mechanism(self, name: str, version: int) -> Mechanism | None: ...
 
@@ -103,16 +103,13 @@ def prepare(
     members: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
     current = int(now.timestamp()) // bucket_seconds * bucket_seconds
     latest = now + FUTURE_TOLERANCE
-    # A batch names few metric versions and hours: each is looked up once.
-    known: dict[tuple[str, int], bool] = {}
-    buckets: dict[datetime, int] = {}
+    resolved = _resolve(batch, catalog)
+    buckets: dict[datetime, int] = {}  # a batch names few hours: each is converted once
     for index, report in enumerate(batch.reports):
         group_key = (report.metric, report.version)
-        found = known.get(group_key)
-        if found is None:
-            found = known[group_key] = catalog.mechanism(*group_key) is not None
-        if not found:
-            problems.append(_unknown(catalog, index, report.metric, report.version))
+        found = resolved[group_key]
+        if isinstance(found, Missing):
+            problems.append(_problem(index, found.field, found.message))
             continue
         if report.time is None:
             bucket = current
@@ -143,8 +140,8 @@ def prepare(
         members.setdefault(group_key, []).append((index, position, bucket))
     prepared = PreparedBatch(ids)
     for (metric, version), items in members.items():
-        mechanism = catalog.mechanism(metric, version)
-        assert mechanism is not None
+        mechanism = resolved[(metric, version)]
+        assert not isinstance(mechanism, Missing)
         payloads = [batch.reports[index].payload for index, _, _ in items]
         unexpected = _unexpected_fields(mechanism, payloads, [index for index, _, _ in items])
         if unexpected is not None:
@@ -171,13 +168,35 @@ def prepare(
     return prepared, len(batch.reports) - len(ids)
 
 
-def _unknown(catalog: MechanismLookup, index: int, metric: str, version: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Missing:
+    """A (metric, version) the catalog does not have: the report field at fault, and why."""
+
+    field: str
+    message: str
+
+
+def _resolve(
+    batch: ReportBatch, catalog: MechanismLookup
+) -> dict[tuple[str, int], Mechanism | Missing]:
+    """The mechanism of each distinct (metric, version) the batch names, or why there is none.
+
+    One lookup per distinct pair, however many reports name it.
+    """
+    resolved: dict[tuple[str, int], Mechanism | Missing] = {}
+    for metric, version in {(report.metric, report.version) for report in batch.reports}:
+        mechanism = catalog.mechanism(metric, version)
+        resolved[(metric, version)] = (
+            mechanism if mechanism is not None else _missing(catalog, metric, version)
+        )
+    return resolved
+
+
+def _missing(catalog: MechanismLookup, metric: str, version: int) -> Missing:
     known = [m.version for m in catalog.versions(metric)]
     if not known:
-        return _problem(index, "metric", f"unknown metric {metric!r}")
-    return _problem(
-        index, "version", f"metric {metric!r} has no version {version} (it has {known})"
-    )
+        return Missing("metric", f"unknown metric {metric!r}")
+    return Missing("version", f"metric {metric!r} has no version {version} (it has {known})")
 
 
 def _problem(index: int, field_name: str, message: str) -> dict[str, Any]:

@@ -1,9 +1,11 @@
 """Prometheus metrics and structured logs.
 
 Metrics (``GET /metrics``): reports accepted, duplicates, rejected by reason, ingest
-latency per batch, estimate latency, and requests by route and status. With several
-worker processes, ``PROMETHEUS_MULTIPROC_DIR`` (set by ``ldp-aggregator serve
---workers N``) makes every process write its samples there and ``/metrics`` sum them.
+latency per batch, estimate latency, requests by route and status, and full reloads of
+the metric catalog (``ldp_catalog_reloads_total``: one per change of the definitions).
+With several worker processes, ``PROMETHEUS_MULTIPROC_DIR`` (set by ``ldp-aggregator
+serve --workers N``) makes every process write its samples there and ``/metrics`` sum
+them.
 
 Logs are one JSON object per line on stderr: time, level, event and fields. They never
 carry a client address, a key, or report contents.
@@ -41,12 +43,19 @@ INGEST_SECONDS = Histogram(
 )
 ESTIMATE_SECONDS = Histogram("ldp_estimate_seconds", "Time to compute one estimate.")
 REQUESTS = Counter("ldp_http_requests", "HTTP requests by route and status.", ["route", "status"])
+CATALOG_RELOADS = Counter(
+    "ldp_catalog_reloads", "Full reads of the metric definitions (after the catalog changed)."
+)
 FEDERATED_UPDATES = Counter(
     "ldp_federated_updates", "Federated uploads: accepted, duplicate or rejected.", ["outcome"]
 )
 FEDERATED_ROUNDS = Counter("ldp_federated_rounds", "Federated rounds closed.")
 FEDERATED_RESTARTS = Counter(
     "ldp_federated_restarts", "Federated rounds restarted (too few uploads by the deadline)."
+)
+FEDERATED_FAILED_ROUNDS = Counter(
+    "ldp_federated_failed_rounds",
+    "Federated rounds restarted because aggregating them failed (non-finite values).",
 )
 
 

@@ -7,12 +7,11 @@ Routes (``aggregator/app.py``) validate and delegate here; the math is the mecha
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from aggregator.estimates import EstimateWindow, build_estimate
+from aggregator.catalog import Catalog
+from aggregator.estimates import EstimateWindow, ReleasedBuckets, build_estimate
 from aggregator.ingest import BatchRejected, prepare, utc_now
 from aggregator.registry import check_metric_name
 from aggregator.settings import Settings
@@ -28,90 +27,15 @@ class UnknownMetricError(LookupError):
 
 
 class NotEnoughReportsError(Exception):
-    """Fewer reports in the window than the release threshold."""
+    """No time bucket in the window holds the release threshold's number of reports."""
 
-    def __init__(self, n: int, needed: int) -> None:
+    def __init__(self, n: int, needed: int, buckets: int) -> None:
+        where = f" in {buckets} time bucket{'s' * (buckets != 1)}" if buckets else ""
         super().__init__(
-            f"the window holds {n} reports; at least {needed} are needed before an estimate "
-            "is released"
+            f"the window holds {n} reports{where}; an estimate is built only from time "
+            f"buckets holding at least {needed} reports each, and the window has none"
         )
-        self.n, self.needed = n, needed
-
-
-class Catalog:
-    """Every metric version, cached in memory with its mechanism.
-
-    Another process may define a version this one has not seen: a lookup that misses
-    reloads from storage (at most once per ``refresh_seconds``), so reports for a new
-    version are accepted by every process without a restart.
-    """
-
-    def __init__(self, storage: Storage, refresh_seconds: float = 1.0) -> None:
-        self._storage = storage
-        self._refresh_seconds = refresh_seconds
-        self._lock = threading.Lock()
-        self._metrics: dict[tuple[str, int], MetricSpec] = {}
-        self._mechanisms: dict[tuple[str, int], Mechanism] = {}
-        self._loaded_at = -float("inf")
-        self.reload()
-
-    def reload(self) -> None:
-        """Read every metric version; one whose mechanism cannot be built is left out (logged)."""
-        with self._lock:
-            known_metrics, known = dict(self._metrics), dict(self._mechanisms)
-        metrics: dict[tuple[str, int], MetricSpec] = {}
-        mechanisms: dict[tuple[str, int], Mechanism] = {}
-        for metric in self._storage.metrics():
-            key = (metric.name, metric.version)
-            if key in known and known_metrics[key].mechanism == metric.mechanism:
-                mechanisms[key] = known[key]
-            else:
-                try:
-                    mechanisms[key] = make_mechanism(metric.mechanism)
-                except ValueError as error:
-                    logger.error("metric %s version %s is unusable: %s", *key, error)
-                    continue
-            metrics[key] = metric
-        with self._lock:
-            self._metrics, self._mechanisms = metrics, mechanisms
-            self._loaded_at = time.monotonic()
-
-    def get(self, name: str, version: int | None = None) -> MetricSpec | None:
-        """A version of ``name`` (its latest when ``version`` is None), or None."""
-        found = self._lookup(name, version)
-        if found is None and time.monotonic() - self._loaded_at >= self._refresh_seconds:
-            self.reload()
-            found = self._lookup(name, version)
-        return found
-
-    def _lookup(self, name: str, version: int | None) -> MetricSpec | None:
-        with self._lock:
-            if version is not None:
-                return self._metrics.get((name, version))
-            versions = [m for (n, _), m in self._metrics.items() if n == name]
-        return max(versions, key=lambda m: m.version) if versions else None
-
-    def mechanism(self, name: str, version: int) -> Mechanism | None:
-        if self.get(name, version) is None:
-            return None
-        with self._lock:
-            return self._mechanisms[(name, version)]
-
-    def latest(self) -> list[MetricSpec]:
-        """The current version of every metric, by name."""
-        self.reload()
-        with self._lock:
-            best: dict[str, MetricSpec] = {}
-            for metric in self._metrics.values():
-                if metric.name not in best or metric.version > best[metric.name].version:
-                    best[metric.name] = metric
-        return [best[name] for name in sorted(best)]
-
-    def versions(self, name: str) -> list[MetricSpec]:
-        self.reload()
-        with self._lock:
-            found = [m for (n, _), m in self._metrics.items() if n == name]
-        return sorted(found, key=lambda m: m.version)
+        self.n, self.needed, self.buckets = n, needed, buckets
 
 
 @dataclass
@@ -174,7 +98,12 @@ class Aggregator:
         end: datetime | None = None,
         candidates: list[str] | None = None,
     ) -> dict[str, object]:
-        """The estimate of one metric version over ``start <= time < end`` (JSON-ready)."""
+        """The estimate of one metric version over ``start <= time < end`` (JSON-ready).
+
+        Only the time buckets holding at least ``min_reports`` reports are used
+        (``ReleasedBuckets``); ``NotEnoughReportsError`` when the window has none. The
+        partial rows are summed into one accumulator (``merge_many``), not pairwise.
+        """
         metric = self.catalog.get(name, version)
         if metric is None:
             what = f"metric {name!r}" + (f" version {version}" if version is not None else "")
@@ -183,12 +112,15 @@ class Aggregator:
         assert mechanism is not None
         window = EstimateWindow.of(start, end, self.settings.bucket_seconds)
         rows = self.storage.partial_rows(metric.name, metric.version, window.first, window.stop)
-        stats = mechanism.empty_statistics()
-        for row in rows:
-            stats = stats.merge(mechanism.statistics_from_bytes(row.stats))
-        if stats.n < self.settings.min_reports:
-            raise NotEnoughReportsError(stats.n, self.settings.min_reports)
-        return build_estimate(metric, mechanism, stats, window, candidates)
+        released = ReleasedBuckets.of(rows, self.settings.min_reports)
+        if not released.rows:
+            raise NotEnoughReportsError(
+                released.suppressed_reports, released.min_reports, released.suppressed_buckets
+            )
+        stats = mechanism.empty_statistics().merge_many(
+            mechanism.statistics_from_bytes(row.stats) for row in released.rows
+        )
+        return build_estimate(metric, mechanism, stats, window, released, candidates)
 
     def compact(self) -> CompactionResult:
         """Merge each (metric, version, bucket)'s partial rows into one."""
@@ -199,10 +131,10 @@ class Aggregator:
                 continue
 
             def merge(blobs: list[bytes], mechanism: Mechanism = mechanism) -> tuple[int, bytes]:
-                total = mechanism.empty_statistics()
-                for blob in blobs:
-                    total = total.merge(mechanism.statistics_from_bytes(blob))
-                return total.n, total.to_bytes()
+                total = mechanism.empty_statistics().merge_many(
+                    mechanism.statistics_from_bytes(blob) for blob in blobs
+                )
+                return total.n, total.to_bytes()  # the smaller of dense and sparse
 
             rows = self.storage.compact_group(metric, version, bucket, merge)
             groups += rows > 0

@@ -37,6 +37,7 @@ COMMITTED.
 from __future__ import annotations
 
 import json
+import secrets
 import sys
 import threading
 import time
@@ -66,6 +67,7 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.engine.url import make_url
 
@@ -76,6 +78,9 @@ if sys.platform != "win32":  # the writers' lock between processes (_WritersLock
     import fcntl
 
 SCHEMA_VERSION = 1
+#: The ``schema_info`` row whose value changes (to a new random token) with every change
+#: to ``metric_versions``: what ``Storage.metrics_stamp`` reads.
+METRICS_CHANGE = "metrics_change"
 
 metadata = MetaData()
 
@@ -330,6 +335,12 @@ class Storage:
                     f"the database has schema version {found}; this aggregator needs "
                     f"{SCHEMA_VERSION}"
                 )
+            dialect_insert = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
+            conn.execute(  # databases from before the change token get one; concurrent starts agree
+                dialect_insert(schema_info)
+                .values(key=METRICS_CHANGE, value=secrets.token_hex(8))
+                .on_conflict_do_nothing()
+            )
 
     def close(self) -> None:
         self._committer.close()
@@ -378,6 +389,27 @@ class Storage:
             ).all()
         return [_metric(row.name, row.version, row.definition) for row in rows]
 
+    def metrics_stamp(self) -> tuple[str, int]:
+        """A cheap token that differs after any change to the metric versions.
+
+        ``(change token, number of versions)``: ``define_metric`` writes a new random
+        token whenever it adds a version or changes a definition; the count also catches
+        versions added by a writer that does not (an older aggregator). One indexed read,
+        where ``metrics()`` parses every definition.
+        """
+        token = select(schema_info.c.value).where(schema_info.c.key == METRICS_CHANGE)
+        count = select(func.count()).select_from(metric_versions)
+        with self._read() as conn:
+            row = conn.execute(select(token.scalar_subquery(), count.scalar_subquery())).one()
+        return str(row[0]), int(row[1])
+
+    def _metrics_changed(self, conn: Connection) -> None:
+        conn.execute(
+            update(schema_info)
+            .where(schema_info.c.key == METRICS_CHANGE)
+            .values(value=secrets.token_hex(8))
+        )
+
     def define_metric(self, name: str, definition: MetricDefinition) -> tuple[MetricSpec, bool]:
         """Store ``definition`` as ``name``'s current version; ``(metric, created)``.
 
@@ -399,12 +431,14 @@ class Storage:
             if row is not None:
                 current = _metric(name, row.version, row.definition)
                 if current.same_spec(definition):
-                    conn.execute(
-                        update(metric_versions)
-                        .where(metric_versions.c.name == name)
-                        .where(metric_versions.c.version == row.version)
-                        .values(definition=document)
-                    )
+                    if document != row.definition:
+                        conn.execute(
+                            update(metric_versions)
+                            .where(metric_versions.c.name == name)
+                            .where(metric_versions.c.version == row.version)
+                            .values(definition=document)
+                        )
+                        self._metrics_changed(conn)
                     return _metric(name, row.version, document), False
             version = 1 if row is None else row.version + 1
             conn.execute(
@@ -412,6 +446,7 @@ class Storage:
                     name=name, version=version, definition=document, created_at=time.time()
                 )
             )
+            self._metrics_changed(conn)
             return _metric(name, version, document), True
 
     # --- API keys ----------------------------------------------------------------
@@ -441,13 +476,28 @@ class Storage:
             rows = conn.execute(select(api_keys).order_by(api_keys.c.created_at)).mappings().all()
         return [dict(row) for row in rows]
 
-    def revoke_key(self, key_id: str) -> bool:
+    def revoke_key(self, key_id: str, label: str | None = None) -> bool:
+        """Revoke an active key (and relabel it, when ``label`` is given); False if none."""
+        changes: dict[str, Any] = {"revoked_at": time.time()}
+        if label is not None:
+            changes["label"] = label
         with self._write() as conn:
             result = conn.execute(
                 update(api_keys)
                 .where(api_keys.c.key_id == key_id)
                 .where(api_keys.c.revoked_at.is_(None))
-                .values(revoked_at=time.time())
+                .values(**changes)
+            )
+            return result.rowcount == 1
+
+    def restore_key(self, key_id: str, label: str) -> bool:
+        """Make a revoked key active again, relabelled; False if no revoked key has that id."""
+        with self._write() as conn:
+            result = conn.execute(
+                update(api_keys)
+                .where(api_keys.c.key_id == key_id)
+                .where(api_keys.c.revoked_at.is_not(None))
+                .values(revoked_at=None, label=label)
             )
             return result.rowcount == 1
 

@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import inspect, update
 
 from aggregator.storage import (
+    METRICS_CHANGE,
     SCHEMA_VERSION,
     PartialRow,
     SchemaMismatchError,
@@ -100,14 +101,15 @@ def test_schema_is_created_with_its_version(storage: Storage, database_url: str)
     assert {"schema_info", "metric_versions", "api_keys", "report_ids", "partial_stats"} <= tables
     with storage.engine.connect() as conn:
         rows = conn.execute(schema_info.select()).all()
-    assert [(row.key, row.value) for row in rows] == [("schema_version", str(SCHEMA_VERSION))]
+    assert dict(rows)["schema_version"] == str(SCHEMA_VERSION)
+    assert {row.key for row in rows} == {"schema_version", METRICS_CHANGE}
     storage.ping()
     # Opening the same database again finds the schema and changes nothing.
     again = Storage(database_url)
     try:
         assert again.report_count() == 0
         with again.engine.connect() as conn:
-            assert len(conn.execute(schema_info.select()).all()) == 1
+            assert conn.execute(schema_info.select()).all() == rows
     finally:
         again.close()
 
