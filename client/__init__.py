@@ -1,17 +1,20 @@
 """On-device SDK: perturbs values locally before anything leaves the device.
 
-``TelemetryClient`` (``client/sdk.py``) is the entry point; ``BudgetLimits`` sets the
+``TelemetryClient`` (``client/sdk.py``) is the entry point (one per state directory:
+a second one there is ``StateDirectoryInUseError``); ``BudgetLimits`` sets the
 device's own epsilon caps (``client/ledger.py``); ``FederatedClient``
 (``client/federated.py``) takes part in federated learning tasks. The package imports numpy, httpx,
 pydantic and the standard library only (and ``shared``).
 """
 
 from client.federated import (
+    DeviceBudgetExhaustedError,
     FederatedClient,
     FederatedError,
     RoundInfo,
     RoundResult,
     TaskFinishedError,
+    TaskRefusedError,
 )
 from client.ledger import (
     BudgetExhaustedError,
@@ -19,8 +22,9 @@ from client.ledger import (
     BudgetStatus,
     LedgerCorruptError,
     LedgerError,
+    MemoizedCost,
 )
-from client.sdk import TelemetryClient
+from client.sdk import StateDirectoryInUseError, TelemetryClient
 from client.specs import SpecError
 from client.transport import RetryPolicy
 
@@ -28,14 +32,18 @@ __all__ = [
     "BudgetExhaustedError",
     "BudgetLimits",
     "BudgetStatus",
+    "DeviceBudgetExhaustedError",
     "FederatedClient",
     "FederatedError",
     "LedgerCorruptError",
     "LedgerError",
+    "MemoizedCost",
     "RetryPolicy",
     "RoundInfo",
     "RoundResult",
     "SpecError",
+    "StateDirectoryInUseError",
     "TaskFinishedError",
+    "TaskRefusedError",
     "TelemetryClient",
 ]

@@ -11,32 +11,79 @@ the aggregator (``/v1/federated/...``). Each round it:
 3. trains locally from the global parameters (``shared.federated.fedavg.client_update``)
    on its own data, which never leaves the device;
 4. clips the update and adds its share of the noise for the task's mode
-   (``shared.federated.privacy.privatize``: the same function the simulations run);
+   (``shared.federated.privacy.privatize``: the same function the simulations run); the
+   bit saying whether the update needed clipping is sent only where adaptive clipping
+   uses it (with the mode's noise on it), and 0 otherwise;
 5. uploads the privatized update with a fresh ``update_id``; a failed upload (connection
    error, 429, 502, 503, 504) is retried with the same bytes and id, with exponential
    backoff and jitter, honouring ``Retry-After``; a round that closed meanwhile (409)
    ends the attempt.
 
-A device can refuse a task whose privacy budget is larger than it accepts
-(``max_epsilon``). The model is the built-in one the task names, or any object with
-the :class:`shared.federated.models.Model` interface (a flat parameter vector, a loss
-and its gradient, a prediction) of the same size.
+The model is the built-in one the task names, or any object with the
+:class:`shared.federated.models.Model` interface (a flat parameter vector, a loss and its
+gradient, a prediction) of the same size.
+
+The device's privacy cap (``max_epsilon``, at ``max_delta``) is enforced on the device,
+from what the device is actually served and does, never from what the task advertises
+(``target_epsilon`` is the server's word; the served noise multiplier is what the noise
+is drawn with). Each round, before anything is computed, the device recomputes the
+epsilon of the task as served: ``T`` (the served ``rounds``) releases at the served
+parameters, accounted by :func:`client.federated_ledger.device_epsilon` at
+``delta = min(max_delta, served delta)``, and refuses (:class:`TaskRefusedError`, which
+says what it computed and its cap) when that exceeds the cap. By mode:
+
+``none``
+    the raw update is uploaded: no guarantee at all. Always refused under a cap.
+``local``
+    the device clips to the served ``C`` and adds ``N(0, (z C)^2)`` itself, with the
+    served ``z``: one upload is the Gaussian mechanism at ``z / 2`` (sensitivity ``2 C``),
+    whatever ``C`` is, and whatever the server does. This the device verifies fully: the
+    plan is ``T`` such uploads (no sampling amplification: the server sees who uploads),
+    and the device's own ledger (:class:`client.federated_ledger.FederatedLedger`,
+    durable with ``state_dir``) charges every upload it really makes, at the multiplier
+    of its round, re-attempts of restarted rounds included, before the upload exists;
+    once one more would pass the cap it stops (:class:`DeviceBudgetExhaustedError`). A
+    server that changes ``z`` or ``C`` from round to round is charged round by round; a
+    lower ``z`` is refused as soon as the plan at it passes the cap.
+``central`` and ``distributed``
+    the device's clipped update leaves with no noise (central) or a share too small to
+    protect it alone (distributed, whose guarantee needs secure aggregation, which this
+    project does not provide); the guarantee rests on noise the server (or the peers)
+    add, and on the server releasing nothing but the noisy aggregate, and on it counting
+    its rounds honestly. None of that can be checked from the device: against the server
+    itself the device's epsilon is unbounded. A user who sets a cap expects it to hold
+    whoever runs the server, so a device with a cap refuses these modes unless
+    ``trust_server_noise=True`` (a loud opt-in, as for any idealized guarantee); with
+    it, the device checks what it can, the plan: ``T`` rounds of the Poisson-subsampled
+    Gaussian at the served ``q`` (the rate the device's own sampling uses) and the served
+    multiplier (in the distributed mode the one of the fewest shares a round may close
+    with, ``z sqrt(min_clients / (q W))``), each round at that round's parameters. Rounds
+    whose parameters differ, and restarted rounds (discarded unread by an honest
+    server), are composed by the server's accountant, which the device then trusts.
+
+Without ``max_epsilon`` the device refuses only a round past the planned ones, and keeps
+the ledger of its local-mode uploads without accounting (:meth:`FederatedClient.
+epsilon_spent` computes their epsilon on demand).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import httpx
 import numpy as np
 
+from client.federated_ledger import FederatedLedger, device_epsilon
 from client.transport import RETRYABLE_STATUS, RetryPolicy, retry_after_seconds
+from shared.accounting import BUDGET_RELATIVE_TOLERANCE
 from shared.federated.fedavg import client_update
 from shared.federated.messages import RoundOut, UpdateUpload, decode_vector, encode_vector
 from shared.federated.models import Model, make_model
@@ -44,7 +91,15 @@ from shared.federated.privacy import DPConfig, privatize
 from shared.federated.task import TaskConfig
 from shared.randomness import RandomSource
 
-__all__ = ["FederatedClient", "FederatedError", "RoundInfo", "RoundResult", "TaskFinishedError"]
+__all__ = [
+    "DeviceBudgetExhaustedError",
+    "FederatedClient",
+    "FederatedError",
+    "RoundInfo",
+    "RoundResult",
+    "TaskFinishedError",
+    "TaskRefusedError",
+]
 
 
 class FederatedError(RuntimeError):
@@ -53,6 +108,15 @@ class FederatedError(RuntimeError):
 
 class TaskFinishedError(FederatedError):
     """The task has run all of its rounds, or stopped at its privacy budget."""
+
+
+class TaskRefusedError(FederatedError):
+    """The task as served is beyond what this device accepts: its mode, its epsilon, or
+    parameters no honest server serves."""
+
+
+class DeviceBudgetExhaustedError(TaskFinishedError):
+    """This device's uploads to the task reached its own epsilon cap: it uploads no more."""
 
 
 @dataclass(frozen=True)
@@ -72,11 +136,16 @@ class RoundInfo:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RoundInfo:
-        message = RoundOut.model_validate(data)
-        parameters = decode_vector(message.parameters)
+        """The round a server served; FederatedError if it is malformed or its privacy
+        parameters are invalid (a clip norm, multiplier or sampling rate out of range)."""
+        try:
+            message = RoundOut.model_validate(data)
+            parameters = decode_vector(message.parameters)
+        except ValueError as error:  # pydantic's ValidationError is a ValueError
+            raise FederatedError(f"the server's round is malformed: {error}") from None
         if parameters.size != message.num_params:
             raise FederatedError("the served parameters do not match num_params")
-        return cls(
+        info = cls(
             task=message.task,
             round=message.round,
             attempt=message.attempt,
@@ -88,6 +157,11 @@ class RoundInfo:
             parameters=parameters,
             deadline=message.deadline,
         )
+        try:
+            info.dp()
+        except ValueError as error:
+            raise FederatedError(f"the server serves invalid privacy parameters: {error}") from None
+        return info
 
     def dp(self) -> DPConfig:
         """The privacy mode's parameters, for ``privatize``."""
@@ -112,7 +186,13 @@ class RoundResult:
 
 
 class FederatedClient:
-    """One device's participation in one federated task; see the module docstring."""
+    """One device's participation in one federated task; see the module docstring.
+
+    ``max_epsilon`` caps the device's epsilon for the task at ``delta = min(max_delta,
+    the task's delta)``; ``trust_server_noise`` accepts the central and distributed modes
+    under that cap (their guarantee rests on noise the device does not add);
+    ``state_dir`` makes the ledger of local-mode uploads durable (in memory without it).
+    """
 
     def __init__(
         self,
@@ -124,6 +204,9 @@ class FederatedClient:
         rng: np.random.Generator | None = None,
         *,
         max_epsilon: float | None = None,
+        max_delta: float = 1e-5,
+        trust_server_noise: bool = False,
+        state_dir: str | Path | None = None,
         timeout: float = 10.0,
         retry: RetryPolicy | None = None,
         max_attempts: int = 8,
@@ -134,8 +217,13 @@ class FederatedClient:
             raise ValueError("data must be (x, y) with x of shape (n, features), y of shape (n,)")
         if not np.issubdtype(y.dtype, np.integer):
             raise ValueError("labels y must be integers")
+        if max_epsilon is not None and not (math.isfinite(max_epsilon) and max_epsilon > 0):
+            raise ValueError(f"max_epsilon must be a finite number > 0, got {max_epsilon!r}")
+        if not 0.0 < max_delta < 1.0:
+            raise ValueError(f"max_delta must lie in (0, 1), got {max_delta!r}")
         self.task, self.model, self.rng = task, model, rng
-        self.max_epsilon = max_epsilon
+        self.max_epsilon, self.max_delta = max_epsilon, max_delta
+        self.trust_server_noise = trust_server_noise
         self.retry, self.max_attempts = retry or RetryPolicy(), max_attempts
         self._x, self._y = x, y.astype(np.int64)
         self._owns_http = http is None
@@ -143,6 +231,7 @@ class FederatedClient:
         self._headers = {"Authorization": f"Bearer {api_key}"}
         self._base = endpoint.rstrip("/") if http is not None else ""
         self._jitter = random.Random()
+        self._ledger = FederatedLedger(endpoint, task, state_dir)
         #: The last (round, attempt) this device decided on: it decides once per draw.
         self._last_draw = (-1, 0)
 
@@ -155,14 +244,23 @@ class FederatedClient:
             raise TaskFinishedError(_problem(response))
         if response.status_code != 200:
             raise FederatedError(_problem(response))
-        info = RoundInfo.from_json(response.json())
-        self._check_budget(info.config)
+        try:
+            data = response.json()
+        except ValueError:
+            raise FederatedError("the server's round is not JSON") from None
+        info = RoundInfo.from_json(data)
+        self._check_task(info)
         return info
 
     def run_round(self, round_info: RoundInfo | None = None) -> RoundResult:
-        """Take part in the open round (fetched unless given) with probability q."""
+        """Take part in the open round (fetched unless given) with probability q.
+
+        In the local mode the upload is charged to the device's ledger before it is
+        trained, noised and sent; DeviceBudgetExhaustedError (nothing sent) when it would
+        take the device past ``max_epsilon``.
+        """
         info = round_info or self.fetch_round()
-        self._check_budget(info.config)
+        self._check_task(info)
         self._last_draw = (info.round, info.attempt)
         if not self._sampled(info.sample_rate):
             return RoundResult(info.round, participated=False, uploaded=False, attempt=info.attempt)
@@ -172,18 +270,23 @@ class FederatedClient:
                 f"the model has {model.num_params} parameters; the task's has "
                 f"{info.parameters.size}"
             )
+        dp = info.dp()
+        if dp.mode == "local":
+            self._charge(info)
         training = info.config.local_training.training()
         # Local SGD's batch order: from the OS when no generator is given (not secret:
         # the noise below is what protects the data, drawn from the OS CSPRNG).
         generator = self.rng or np.random.default_rng(int.from_bytes(os.urandom(16), "big"))
         update = client_update(model, info.parameters, self._x, self._y, training, generator)
-        contribution = privatize(update, info.dp(), info.clip_norm, self.rng)
+        contribution = privatize(update, dp, info.clip_norm, self.rng)
         body = UpdateUpload(
             update_id=uuid.uuid4(),
             round=info.round,
             attempt=info.attempt,
             update=encode_vector(contribution.update),
-            unclipped=contribution.unclipped,
+            # The clipped-or-not bit is data too: it leaves the device only where adaptive
+            # clipping uses it (noised by the mode), never as a bare bit.
+            unclipped=contribution.unclipped if dp.adaptive is not None else 0.0,
             num_examples=int(self._x.shape[0]),
         ).model_dump(mode="json")
         uploaded = self._upload(body)
@@ -191,29 +294,94 @@ class FederatedClient:
 
     def run(self, max_rounds: int | None = None, poll_interval: float = 1.0) -> list[RoundResult]:
         """Take part in each new round (and each new attempt of one) until the task
-        finishes, or ``max_rounds`` decisions were made."""
+        finishes, the device's budget for it is spent, or ``max_rounds`` decisions were
+        made."""
         results: list[RoundResult] = []
         while max_rounds is None or len(results) < max_rounds:
             try:
                 info = self.fetch_round()
+                if (info.round, info.attempt) <= self._last_draw:
+                    time.sleep(poll_interval)
+                    continue
+                results.append(self.run_round(info))
             except TaskFinishedError:
                 break
-            if (info.round, info.attempt) <= self._last_draw:
-                time.sleep(poll_interval)
-                continue
-            results.append(self.run_round(info))
         return results
+
+    def epsilon_spent(self) -> float:
+        """The device's epsilon for this task from its ledger of local-mode uploads (every
+        upload charged, re-attempts included), at ``min(max_delta, the task's delta)``."""
+        return self._ledger.epsilon(self.max_delta)
+
+    def planned_epsilon(self, info: RoundInfo) -> float:
+        """Epsilon of the task as served in ``info``: ``T`` releases at its parameters.
+
+        local: ``T`` Gaussian releases at ``z / 2``, no sampling; central: ``T`` rounds of
+        the Gaussian at ``z`` Poisson-subsampled at the served ``q``; distributed: the same
+        at ``z sqrt(min_clients / (q W))``, the noise of the fewest shares a round may
+        close with (``DPConfig.accounting_noise_multiplier``, as the server charges);
+        ``inf`` without noise. At ``delta = min(max_delta, the task's delta)``, by
+        :func:`client.federated_ledger.device_epsilon`; the advertised target is not used.
+        """
+        dp = info.dp()
+        if not dp.private:
+            return math.inf
+        multiplier = dp.accounting_noise_multiplier(info.config.min_clients)
+        delta = min(self.max_delta, info.config.delta)
+        return device_epsilon({multiplier: info.config.rounds}, dp.accounting_sample_rate, delta)
 
     # --- plumbing --------------------------------------------------------------------
 
-    def _check_budget(self, config: TaskConfig) -> None:
-        if self.max_epsilon is None or config.mode == "none":
+    def _check_task(self, info: RoundInfo) -> None:
+        """Refuse (TaskRefusedError) a round past the planned ones, and under a cap a task
+        whose mode the device cannot accept or whose served plan costs more than the cap."""
+        config, cap = info.config, self.max_epsilon
+        if info.round >= config.rounds:
+            raise TaskRefusedError(
+                f"the server serves round {info.round} of task {self.task!r}, planned for "
+                f"{config.rounds} rounds"
+            )
+        if cap is None:
             return
-        budget = config.target_epsilon
-        if budget is None or budget > self.max_epsilon:
-            raise FederatedError(
-                f"task {self.task!r} promises epsilon {budget}; this device accepts at most "
-                f"{self.max_epsilon}"
+        if config.mode == "none":
+            raise TaskRefusedError(
+                f"task {self.task!r} runs in mode 'none': the raw update would be uploaded "
+                f"with no differential privacy; this device accepts epsilon at most {cap:g}"
+            )
+        if config.mode in ("central", "distributed") and not self.trust_server_noise:
+            who = "the server adds" if config.mode == "central" else "the other devices add"
+            raise TaskRefusedError(
+                f"task {self.task!r} runs in mode {config.mode!r}: its privacy rests on noise "
+                f"{who}, which this device cannot verify; this device accepts epsilon at "
+                f"most {cap:g} and does not trust server noise (trust_server_noise=False)"
+            )
+        epsilon = self.planned_epsilon(info)
+        if not epsilon <= cap * (1.0 + BUDGET_RELATIVE_TOLERANCE):
+            advertised = (
+                ""
+                if config.target_epsilon is None
+                else f" (it advertises epsilon {config.target_epsilon:g})"
+            )
+            raise TaskRefusedError(
+                f"task {self.task!r} as served{advertised}: mode {config.mode!r}, noise "
+                f"multiplier {info.noise_multiplier:g}, clip norm {info.clip_norm:g}, "
+                f"sampling rate {info.sample_rate:g}, {config.rounds} rounds, costs epsilon "
+                f"{epsilon:.4g} at delta {min(self.max_delta, config.delta):g} by this "
+                f"device's accounting; this device accepts epsilon at most {cap:g}"
+            )
+
+    def _charge(self, info: RoundInfo) -> None:
+        """Charge one local-mode upload (a Gaussian release at ``z / 2``) to the ledger."""
+        multiplier = info.dp().accounting_noise_multiplier(1)
+        delta = min(self.max_delta, info.config.delta)
+        charge = self._ledger.charge(multiplier, delta, self.max_epsilon)
+        if not charge.charged:
+            uploads = sum(self._ledger.releases().values())
+            raise DeviceBudgetExhaustedError(
+                f"task {self.task!r}: one more upload (round {info.round}, attempt "
+                f"{info.attempt}, noise multiplier {info.noise_multiplier:g}) would bring "
+                f"this device's epsilon to {charge.epsilon:.4g} at delta {charge.delta:g}, "
+                f"past its cap of {self.max_epsilon:g}, after {uploads} uploads"
             )
 
     def _sampled(self, rate: float) -> bool:

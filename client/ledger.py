@@ -1,10 +1,46 @@
 """The device's privacy ledger: epsilon is debited durably before any report exists.
 
 Caps (``BudgetLimits``, set by the app; the server cannot raise them): per metric per
-period, all metrics per period, and a lifetime total. Pure epsilon-LDP reports compose
-by addition (basic composition), so the spent budget is the sum of the reports'
-epsilons (for RAPPOR, epsilon_one per report: the memoized permanent response bounds
-repeated reports of one value by epsilon_infinity, so this over-counts, never under).
+period, all metrics per period, and a lifetime total.
+
+What a report costs. A mechanism without memory is pure epsilon-LDP per report, and
+reports compose by addition (basic composition): each report adds its epsilon to the
+period's counters and to the lifetime total (``debit``). A memoized mechanism (RAPPOR:
+a permanent randomized response, PRR, fixed per device and value, re-randomized by a
+fresh instantaneous response per report) is described by two numbers, ``MemoizedCost``:
+``per_value``, what any number of reports of one value reveal (RAPPOR: epsilon_infinity
+= 2 h ln((1 - f/2) / (f/2))), and ``per_report``, what one report reveals (RAPPOR:
+epsilon_one). Its reports are correlated through the PRR, so adding epsilon_one per
+report is *not* a bound on their joint privacy loss: with the demo spec (k = 32, h = 1,
+f = 0.5, p = 0.25, q = 0.75), two reports of one value against two reports of two other
+values already lose more than 2 epsilon_one. ``debit_memoized`` therefore charges:
+
+* the lifetime total: ``per_value`` once per distinct value, the first time it is
+  reported; a value already charged costs no more lifetime budget;
+* the period's counters (this metric and all metrics): ``per_report`` per report, except
+  the first report of a new value, which charges max(``per_value``, ``per_report``): the
+  reports of that value in this period reveal at most ``per_value``, and its later
+  reports add ``per_report`` each, so the sum bounds every period's loss.
+
+Distinct values are recognised by a keyed hash, HMAC-SHA256(device secret, metric,
+version, value), never by the value: the set of hashes is part of the ledger (same
+checksum, same fsync and rename), and without the device secret a hash says nothing
+about the value.
+
+The guarantee, and its limit. Take two sequences of n values x and x' with the same
+equality pattern (x_i = x_j exactly when x'_i = x'_j). The n reports are a
+post-processing of one independent PRR per distinct value (the instantaneous responses
+are fresh and independent), so the joint privacy loss of x against x' is at most
+epsilon_infinity times the number of distinct values that differ, at most the
+lifetime charge. The equality pattern itself is not protected: reports of one value are
+correlated and reports of different values are not, so (v, v) against (u, w) is a
+change of pattern, and its loss is bounded only by the instantaneous response over the
+whole bit vector, n k ln(max(q / p, (1 - p) / (1 - q))); it grows with k and n (for the
+demo spec, 10.73 at n = 2, more than the two sequences' charges together). RAPPOR
+memoizes by Bloom filter, so two values whose Bloom filters coincide in the device's
+cohort share one PRR: they are the same value as far as this guarantee goes (charging
+each of them over-counts, never under). The exact figures are in
+``tests/adversarial/test_memoized_ledger.py``.
 
 Durability. A durable debit holds an exclusive lock on ``ledger.lock``
 (``fcntl.flock``, so a second process waits), reads the ledger, checks every cap,
@@ -18,7 +54,9 @@ reserves the epsilon of several reports of the metric at once (1, 2, 4, ... up t
 draw on the reservation in memory. The reservation is spent as far as the file is
 concerned, so every report's epsilon was on disk before the report existed; ``close``
 gives the unused part back; a crash loses it (budget lost, never double spent). A
-reservation belongs to its period and is dropped when the period ends.
+reservation belongs to its period and is dropped when the period ends. Reports of a
+memoized value already charged draw on a reservation that holds period budget only;
+the first report of a new value is always its own durable debit.
 
 Time. Periods are counted from the ledger's creation in whole ``period_seconds``; the
 ledger keeps the latest time it has seen and never uses an earlier one, so setting the
@@ -30,6 +68,10 @@ does not parse or does not match is ``LedgerCorruptError`` and nothing is report
 then missing, that is an error too, not a fresh budget. The device secret (RAPPOR
 memoization) lives in the ledger; losing it means losing the ledger, which fails
 closed the same way.
+
+Format. ``FORMAT`` 2 added the charged-value hashes; a format 1 ledger is read as one
+with none charged yet (its memoized reports were charged per report), and written back
+as format 2 at the next debit.
 """
 
 from __future__ import annotations
@@ -37,6 +79,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import hmac
 import json
 import math
 import os
@@ -53,7 +96,11 @@ MAX_RESERVED_REPORTS = 1024
 LEDGER_FILE = "ledger.json"
 LOCK_FILE = "ledger.lock"
 MARKER_FILE = "ledger.expected"
-FORMAT = 1
+FORMAT = 2
+#: Formats this code reads (format 1 had no charged-value hashes).
+READABLE_FORMATS = (1, 2)
+#: Domain separation of the charged-value hashes from every other use of the secret.
+_VALUE_LABEL = b"ldp ledger value v1\x00"
 #: Floating-point slack in cap comparisons (sums of epsilons are inexact).
 TOLERANCE = 1e-12
 
@@ -96,13 +143,39 @@ class BudgetLimits:
             raise ValueError("period_seconds must be finite")
 
 
+@dataclass(frozen=True)
+class MemoizedCost:
+    """What a memoized mechanism's reports cost (see the module docstring).
+
+    ``per_value``: the lifetime epsilon of one distinct value, whatever the number of
+    its reports (RAPPOR: epsilon_infinity); ``per_report``: the epsilon of one report
+    (RAPPOR: epsilon_one).
+    """
+
+    per_value: float
+    per_report: float
+
+    def __post_init__(self) -> None:
+        for name in ("per_value", "per_report"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be positive and finite, got {value!r}")
+
+    @property
+    def first_report(self) -> float:
+        """The period charge of a value's first report: max(per_value, per_report)."""
+        return max(self.per_value, self.per_report)
+
+
 @dataclass
 class _Reservation:
-    """Epsilon debited on disk for ``metric`` but not yet used by a report."""
+    """Epsilon debited on disk for ``metric`` but not yet used by a report; ``lifetime``
+    says whether it was also taken from the lifetime total (memoized repeats: not)."""
 
     period: int
     period_end: float
     remaining: float
+    lifetime: bool
     next_reports: int = 1
 
 
@@ -124,8 +197,13 @@ class BudgetStatus:
 
     def left_for(self, metric: str) -> float:
         """Epsilon ``metric`` may still spend this period (all caps considered)."""
+        return min(self.left_in_period(metric), self.left_lifetime)
+
+    def left_in_period(self, metric: str) -> float:
+        """Epsilon ``metric`` may still spend this period, by the period caps alone (what
+        repeated reports of a memoized value, which cost no lifetime budget, may spend)."""
         own = self.limits.per_metric_per_period - self.spent_per_metric.get(metric, 0.0)
-        return max(0.0, min(own, self.left_this_period, self.left_lifetime))
+        return max(0.0, min(own, self.left_this_period))
 
 
 class PrivacyLedger:
@@ -147,12 +225,43 @@ class PrivacyLedger:
             state = self._read(create=True)
         self.device_secret = bytes.fromhex(state["device_secret"])
         self._high_water: float = state["clock"]
+        #: Hashes of the memoized values charged (a subset of the file's: never removed).
+        self._charged: set[str] = set(state["charged_values"])
 
     # --- public --------------------------------------------------------------------
 
     def debit(self, metric: str, epsilon: float) -> None:
-        """Spend ``epsilon`` on ``metric`` (durably, see the module docstring), or raise
+        """Spend ``epsilon`` on ``metric``, this period and for life (durably, see the
+        module docstring), or raise ``BudgetExhaustedError`` and spend nothing."""
+        self._check_report_epsilon(metric, epsilon)
+        with self._memory:
+            self._draw(metric, epsilon, lifetime=True)
+
+    def debit_memoized(self, metric: str, version: int, value: bytes, cost: MemoizedCost) -> None:
+        """Spend what one report of ``value`` by a memoized mechanism costs (the module
+        docstring): ``cost.per_value`` for life and ``cost.first_report`` this period if
+        the value is new, else ``cost.per_report`` this period only. Or raise
         ``BudgetExhaustedError`` and spend nothing."""
+        self._check_report_epsilon(metric, cost.per_report)
+        key = self.value_key(metric, version, value)
+        with self._memory:
+            if key in self._charged or not self._charge_value(metric, key, cost):
+                self._draw(metric, cost.per_report, lifetime=False)
+
+    def value_key(self, metric: str, version: int, value: bytes) -> str:
+        """HMAC-SHA256(device secret, label || len-prefixed metric || version || value), hex:
+        how the ledger recognises a value it has charged without keeping the value."""
+        name = metric.encode()
+        message = (
+            _VALUE_LABEL
+            + len(name).to_bytes(4, "big")
+            + name
+            + version.to_bytes(8, "big", signed=True)
+            + value
+        )
+        return hmac.new(self.device_secret, message, hashlib.sha256).hexdigest()
+
+    def _check_report_epsilon(self, metric: str, epsilon: float) -> None:
         if not (epsilon > 0 and math.isfinite(epsilon)):
             raise ValueError(f"epsilon must be positive and finite, got {epsilon!r}")
         if epsilon > self.limits.max_epsilon_per_report:
@@ -160,40 +269,76 @@ class PrivacyLedger:
                 f"{metric}: one report at epsilon {epsilon:g} exceeds this device's limit of "
                 f"{self.limits.max_epsilon_per_report:g} per report"
             )
-        with self._memory:
-            now = self._high_water = max(self._high_water, self._clock())
-            reservation = self._reservations.get(metric)
-            if (
-                reservation is not None
-                and now < reservation.period_end
-                and reservation.remaining >= epsilon - TOLERANCE
-            ):
-                reservation.remaining = max(0.0, reservation.remaining - epsilon)
-                return
-            self._refill(metric, epsilon, reservation)
 
-    def _refill(self, metric: str, epsilon: float, previous: _Reservation | None) -> None:
+    def _draw(self, metric: str, epsilon: float, lifetime: bool) -> None:
+        """Take ``epsilon`` from the metric's reservation, or reserve anew (holding
+        ``_memory``). ``lifetime``: whether the lifetime total pays too."""
+        now = self._high_water = max(self._high_water, self._clock())
+        reservation = self._reservations.get(metric)
+        if (
+            reservation is not None
+            and reservation.lifetime is lifetime
+            and now < reservation.period_end
+            and reservation.remaining >= epsilon - TOLERANCE
+        ):
+            reservation.remaining = max(0.0, reservation.remaining - epsilon)
+            return
+        self._refill(metric, epsilon, lifetime, reservation)
+
+    def _refill(
+        self, metric: str, epsilon: float, lifetime: bool, previous: _Reservation | None
+    ) -> None:
         """Give back what is left of ``previous`` and reserve for the next reports durably."""
         with self._locked():
             state = self._advance(self._read(create=False))
-            if previous is not None and previous.period == state["period"]:
-                _credit(state, metric, previous.remaining)
-            self._reservations.pop(metric, None)
+            self._give_back(state, metric)
             status = self._status(state)
-            refusal = self._refusal(status, metric, epsilon)
+            refusal = self._refusal(status, metric, epsilon, epsilon if lifetime else 0.0)
             if refusal is not None:
                 self._write(state)
                 raise BudgetExhaustedError(refusal)
             reports = (
-                1 if previous is None else min(2 * previous.next_reports, MAX_RESERVED_REPORTS)
+                1
+                if previous is None or previous.lifetime is not lifetime
+                else min(2 * previous.next_reports, MAX_RESERVED_REPORTS)
             )
-            amount = min(epsilon * reports, status.left_for(metric))
-            _credit(state, metric, -amount)
+            room = status.left_for(metric) if lifetime else status.left_in_period(metric)
+            amount = min(epsilon * reports, room)
+            _credit(state, metric, -amount, lifetime)
             self._write(state)
             self._seen(state)
             self._reservations[metric] = _Reservation(
-                state["period"], status.period_end, amount - epsilon, reports
+                state["period"], status.period_end, amount - epsilon, lifetime, reports
             )
+
+    def _charge_value(self, metric: str, key: str, cost: MemoizedCost) -> bool:
+        """Charge a memoized value's first report durably; False if the ledger on disk has
+        charged it already (the caller then charges a repeat)."""
+        with self._locked():
+            state = self._advance(self._read(create=False))
+            if key in state["charged_values"]:
+                self._charged.add(key)
+                return False
+            self._give_back(state, metric)
+            refusal = self._refusal(
+                self._status(state), metric, cost.first_report, cost.per_value
+            )
+            if refusal is not None:
+                self._write(state)
+                raise BudgetExhaustedError(refusal + " (the first report of a new value)")
+            _credit(state, metric, -cost.first_report, lifetime=False)
+            state["spent_lifetime"] += cost.per_value
+            state["charged_values"].append(key)
+            self._write(state)
+            self._seen(state)
+            self._charged.add(key)
+            return True
+
+    def _give_back(self, state: dict[str, Any], metric: str) -> None:
+        """Return the metric's unused reservation to ``state`` (if of its period)."""
+        previous = self._reservations.pop(metric, None)
+        if previous is not None and previous.period == state["period"]:
+            _credit(state, metric, previous.remaining, previous.lifetime)
 
     def release(self) -> None:
         """Give back every unused reservation (durably). ``close`` of the client calls it."""
@@ -204,7 +349,7 @@ class PrivacyLedger:
                 state = self._advance(self._read(create=False))
                 for metric, reservation in self._reservations.items():
                     if reservation.period == state["period"]:
-                        _credit(state, metric, reservation.remaining)
+                        _credit(state, metric, reservation.remaining, reservation.lifetime)
                 self._write(state)
             self._reservations.clear()
             self._high_water = max(self._high_water, state["clock"])
@@ -259,6 +404,7 @@ class PrivacyLedger:
                 "spent_this_period": 0.0,
                 "spent_lifetime": 0.0,
                 "device_secret": secrets.token_bytes(32).hex(),
+                "charged_values": [],
             }
             self._write(state)
             _durable_touch(marker)
@@ -302,7 +448,10 @@ class PrivacyLedger:
             limits=limits,
         )
 
-    def _refusal(self, status: BudgetStatus, metric: str, epsilon: float) -> str | None:
+    def _refusal(
+        self, status: BudgetStatus, metric: str, epsilon: float, lifetime: float
+    ) -> str | None:
+        """Why spending ``epsilon`` this period and ``lifetime`` for life breaks a cap."""
         limits, tolerance = self.limits, TOLERANCE
         spent = status.spent_per_metric.get(metric, 0.0)
         if spent + epsilon > limits.per_metric_per_period + tolerance:
@@ -316,20 +465,22 @@ class PrivacyLedger:
                 f"{metric}: epsilon {epsilon:g} would bring this period's total to "
                 f"{status.spent_this_period + epsilon:g}, above {limits.total_per_period:g}"
             )
-        if status.spent_lifetime + epsilon > limits.lifetime + tolerance:
+        if lifetime > 0 and status.spent_lifetime + lifetime > limits.lifetime + tolerance:
             return (
-                f"{metric}: epsilon {epsilon:g} would bring the lifetime total to "
-                f"{status.spent_lifetime + epsilon:g}, above {limits.lifetime:g}"
+                f"{metric}: epsilon {lifetime:g} would bring the lifetime total to "
+                f"{status.spent_lifetime + lifetime:g}, above {limits.lifetime:g}"
             )
         return None
 
 
-def _credit(state: dict[str, Any], metric: str, amount: float) -> None:
-    """Add ``amount`` back to every spending counter (negative: spend it)."""
+def _credit(state: dict[str, Any], metric: str, amount: float, lifetime: bool) -> None:
+    """Add ``amount`` back to the period's counters, and to the lifetime total if
+    ``lifetime`` (negative: spend it)."""
     spent = state["spent_per_metric"]
     spent[metric] = max(0.0, spent.get(metric, 0.0) - amount)
     state["spent_this_period"] = max(0.0, state["spent_this_period"] - amount)
-    state["spent_lifetime"] = max(0.0, state["spent_lifetime"] - amount)
+    if lifetime:
+        state["spent_lifetime"] = max(0.0, state["spent_lifetime"] - amount)
 
 
 def _checksum(body: str) -> str:
@@ -343,8 +494,10 @@ def _parse(raw: bytes, path: Path) -> dict[str, Any]:
         if not isinstance(body, str) or _checksum(body) != document["checksum"]:
             raise ValueError("checksum mismatch")
         state = json.loads(body)
-        if state.get("format") != FORMAT:
+        if state.get("format") not in READABLE_FORMATS:
             raise ValueError(f"unknown format {state.get('format')!r}")
+        if state["format"] == 1:
+            state["format"], state["charged_values"] = FORMAT, []
         for key in ("created", "clock", "spent_this_period", "spent_lifetime"):
             if not isinstance(state[key], int | float) or not math.isfinite(state[key]):
                 raise ValueError(f"bad {key}")
@@ -357,6 +510,13 @@ def _parse(raw: bytes, path: Path) -> dict[str, Any]:
             if not isinstance(spent, int | float) or not math.isfinite(spent) or spent < 0:
                 raise ValueError(f"bad spending on {metric!r}")
         bytes.fromhex(state["device_secret"])
+        charged = state["charged_values"]
+        if not isinstance(charged, list) or not all(
+            isinstance(key, str) and len(key) == 64 for key in charged
+        ):
+            raise ValueError("bad charged values")
+        for key in charged:
+            bytes.fromhex(key)
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise LedgerCorruptError(
             f"the privacy ledger {path} is corrupt ({error}); refusing to report"

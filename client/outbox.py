@@ -170,6 +170,21 @@ class Outbox:
             self._count -= len(sizes)
             self._bytes -= sum(size for (size,) in sizes)
 
+    def discard_ids(self, batch: Batch, report_ids: set[str]) -> int:
+        """Delete the reports of ``batch`` whose id is in ``report_ids`` (refused one by one);
+        returns how many were still queued and are now gone."""
+        ids = sorted(report_ids)
+        marks = ",".join("?" * len(ids))
+        with self._lock, self._transaction():
+            sizes = self._db.execute(
+                f"DELETE FROM outbox WHERE seq BETWEEN ? AND ? AND report_id IN ({marks}) "
+                "RETURNING size",
+                (batch.first, batch.last, *ids),
+            ).fetchall()
+            self._count -= len(sizes)
+            self._bytes -= sum(size for (size,) in sizes)
+        return len(sizes)
+
     def __len__(self) -> int:
         with self._lock:
             return int(self._count)
@@ -182,9 +197,22 @@ class Outbox:
     @property
     def dropped(self) -> int:
         """Reports dropped, over the device's life, because the outbox was full."""
+        return self.counter("dropped") or 0
+
+    def counter(self, name: str) -> int | None:
+        """A stored integer (``dropped``, or one the client keeps here), None if unset."""
         with self._lock:
-            row = self._db.execute("SELECT value FROM counters WHERE name = 'dropped'").fetchone()
-        return int(row[0]) if row else 0
+            row = self._db.execute("SELECT value FROM counters WHERE name = ?", (name,)).fetchone()
+        return int(row[0]) if row else None
+
+    def set_counter(self, name: str, value: int) -> None:
+        """Store an integer under ``name`` (committed before it returns)."""
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO counters (name, value) VALUES (?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                (name, value),
+            )
 
     def close(self) -> None:
         with self._lock:

@@ -9,29 +9,51 @@
 (durably, before anything else), perturbs the value with the metric's mechanism and
 the operating system's CSPRNG, and queues only the perturbed report in the outbox; the
 raw value goes no further than this call. A background thread uploads the outbox.
+RAPPOR reports are charged as memoized (``client/ledger.py``): epsilon_infinity once
+per distinct value for life, epsilon_one per report to the period.
+
+Report times are the coarse hour of the aggregator's clock as the device estimates it
+(``ServerClock``: the device's clock plus the offset read from the last response's
+``Date`` header, kept in the outbox across restarts), so that a device whose clock is
+wrong is not refused for reporting from the future.
+
+One client owns a state directory: it holds an exclusive lock on ``client.lock`` there
+(``fcntl.flock``, released by ``close`` or when the process ends), and a second client
+on the same directory, in this process or another, fails at once with
+``StateDirectoryInUseError``.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import hmac
 import math
 import os
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import numpy as np
 
-from client.ledger import BudgetLimits, BudgetStatus, PrivacyLedger
+from client.ledger import BudgetLimits, BudgetStatus, MemoizedCost, PrivacyLedger
 from client.outbox import Outbox
 from client.specs import SpecCache, SpecError
-from client.transport import RetryPolicy, Uploader
+from client.transport import RetryPolicy, ServerClock, Uploader
 from shared.mechanisms import Mechanism, Rappor, make_mechanism
 from shared.schemas import MetricSpec
+
+DIRECTORY_LOCK_FILE = "client.lock"
+#: The outbox counter keeping the aggregator's clock offset (whole seconds, rounded down).
+_OFFSET_COUNTER = "clock_offset_seconds"
+
+
+class StateDirectoryInUseError(RuntimeError):
+    """Another client (in this process or another) holds the state directory."""
 
 
 class TelemetryClient:
@@ -52,21 +74,28 @@ class TelemetryClient:
         timeout: float = 10.0,
         retry: RetryPolicy | None = None,
         transport: httpx.BaseTransport | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        """``clock``: the device's wall clock (seconds since the epoch), for the ledger's
+        periods and, corrected by the aggregator's ``Date``, for the reports' hours."""
+        state = Path(state_dir)
+        self._directory_lock = _lock_directory(state)
+        self.limits = limits or BudgetLimits()
+        try:
+            self._ledger = PrivacyLedger(state, self.limits, clock)
+            self._outbox = Outbox(state, max_queued_reports, max_queued_bytes)
+        except BaseException:
+            self._directory_lock.close()
+            raise
+        self._saved_offset = self._outbox.counter(_OFFSET_COUNTER)
+        self._server_clock = ServerClock(float(self._saved_offset or 0), clock)
         self._http = httpx.Client(
             base_url=endpoint.rstrip("/"),
             headers={"Authorization": f"Bearer {api_key}"},
             timeout=timeout,
             transport=transport,
+            event_hooks={"response": [self._server_clock.observe]},
         )
-        state = Path(state_dir)
-        self.limits = limits or BudgetLimits()
-        try:
-            self._ledger = PrivacyLedger(state, self.limits)
-            self._outbox = Outbox(state, max_queued_reports, max_queued_bytes)
-        except BaseException:
-            self._http.close()
-            raise
         self._specs = SpecCache(state, self._fetch_specs, spec_refresh_seconds)
         self._mechanisms: dict[tuple[str, int], Mechanism] = {}
         self._uploader = Uploader(
@@ -93,9 +122,14 @@ class TelemetryClient:
             raise SpecError(f"{metric} is a {spec.mechanism.kind} metric: use record")
         if not isinstance(value, str):
             raise TypeError(f"{metric}: record_string takes a str, got {type(value).__name__}")
+        try:
+            encoded = value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{metric}: the value is not valid Unicode (lone surrogate)") from None
+        cost = memoized_cost(mechanism)
         secret = hmac.new(self._ledger.device_secret, metric.encode(), hashlib.sha256).digest()
         cohort = mechanism.assign_cohort(secret)
-        self._ledger.debit(metric, spec.mechanism.epsilon)
+        self._ledger.debit_memoized(metric, spec.version, encoded, cost)
         reports = mechanism.encode([value], np.array([cohort]), [secret])
         self._enqueue(spec, mechanism.to_payloads(reports)[0])
 
@@ -128,9 +162,11 @@ class TelemetryClient:
         try:
             delivered = self._uploader.stop(timeout)
             self._ledger.release()
+            self._save_offset()
         finally:
             self._outbox.close()
             self._http.close()
+            self._directory_lock.close()
         return delivered
 
     def __enter__(self) -> TelemetryClient:
@@ -168,7 +204,7 @@ class TelemetryClient:
             "metric": spec.name,
             "version": spec.version,
             "payload": payload,
-            "time": _current_hour(),
+            "time": _hour_stamp(self._server_clock.now()),
         }
         self._outbox.add([report])
         self._uploader.notify()
@@ -188,6 +224,47 @@ class TelemetryClient:
 
     def _tick(self) -> None:
         self._specs.refresh()
+        self._save_offset()
+
+    def _save_offset(self) -> None:
+        """Keep the aggregator's clock offset for the next start (when it changed)."""
+        if self._server_clock.observed:
+            offset = math.floor(self._server_clock.offset)
+            if offset != self._saved_offset:
+                self._outbox.set_counter(_OFFSET_COUNTER, offset)
+                self._saved_offset = offset
+
+
+def memoized_cost(mechanism: Mechanism) -> MemoizedCost:
+    """What a report of a memoized mechanism costs the ledger: its lifetime epsilon per
+    distinct value and its epsilon per report (RAPPOR: epsilon_infinity, epsilon_one).
+    A memoized mechanism whose lifetime epsilon is unbounded (RAPPOR with f = 0: the
+    permanent response is the Bloom filter itself) is refused."""
+    if not isinstance(mechanism, Rappor):
+        raise SpecError(f"{mechanism.name} is not a memoized mechanism")
+    per_value, per_report = mechanism.epsilon_infinity, mechanism.epsilon_one
+    if not math.isfinite(per_value):
+        raise SpecError(
+            f"rappor with f = {mechanism.f:g}: repeated reports of one value have no privacy "
+            "bound (epsilon_infinity is infinite); refused"
+        )
+    return MemoizedCost(per_value, per_report)
+
+
+def _lock_directory(directory: Path) -> IO[bytes]:
+    """Hold an exclusive lock on ``directory``'s client lock file, or raise
+    ``StateDirectoryInUseError`` at once; closing the returned file releases it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    handle = open(directory / DIRECTORY_LOCK_FILE, "a+b")  # noqa: SIM115 - held until close
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise StateDirectoryInUseError(
+            f"another telemetry client holds the state directory {directory} (in this process "
+            "or another); use one client per state directory, or give each its own"
+        ) from None
+    return handle
 
 
 def random_uuid4() -> str:
@@ -206,10 +283,11 @@ _UUID_SET = (0x4 << 76) | (0x2 << 62)
 _hour_cache: tuple[int, str] = (-1, "")
 
 
-def _current_hour() -> str:
-    """The current UTC hour as ISO-8601 (``2026-11-22T10:00:00Z``), formatted once an hour."""
+def _hour_stamp(seconds: float) -> str:
+    """The UTC hour of ``seconds`` as ISO-8601 (``2026-11-22T10:00:00Z``), formatted once
+    an hour (the hour is never later than ``seconds``)."""
     global _hour_cache
-    hour = int(time.time() // 3600)
+    hour = int(seconds // 3600)
     if hour != _hour_cache[0]:
         stamp = datetime.fromtimestamp(hour * 3600, UTC).strftime("%Y-%m-%dT%H:00:00Z")
         _hour_cache = (hour, stamp)

@@ -38,7 +38,7 @@ METRICS += [
     for m in ("laplace", "duchi", "piecewise")
 ]
 METRICS.append({"name": "rappor", "version": 1, "mechanism": {
-    "mechanism": "rappor", "num_bits": 16, "num_hashes": 2, "num_cohorts": 4,
+    "mechanism": "rappor", "num_bits": 16, "num_hashes": 1, "num_cohorts": 4,
     "f": 0.5, "p": 0.25, "q": 0.75}})
 
 def handle(request):

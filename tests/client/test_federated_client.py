@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 
-from client import FederatedClient, FederatedError, TaskFinishedError
+from client import FederatedClient, LedgerCorruptError, TaskFinishedError
+from client.federated import TaskRefusedError
+from client.federated_ledger import device_epsilon
+from shared.accounting import gaussian_rounds_epsilon
 from shared.federated.models import LogisticRegression, accuracy
 
 FEATURES, CLASSES = 5, 3
@@ -112,18 +118,97 @@ def test_a_restarted_round_is_decided_again(aggregator: Any) -> None:
 
 
 def test_device_refuses_a_task_beyond_its_epsilon(aggregator: Any) -> None:
+    """Central mode: refused under a cap unless the device trusts the server's noise; and
+    then refused still, as the plan the server serves costs epsilon 8 > 2."""
     create(aggregator, "greedy", target_epsilon=8.0)
-    device = FederatedClient(
-        aggregator.url,
-        aggregator.keys["device"],
-        "greedy",
-        blobs(10, np.random.default_rng(4)),
-        max_epsilon=2.0,
-    )
-    with pytest.raises(FederatedError, match="at most 2.0"):
-        device.run_round()
+    data = blobs(10, np.random.default_rng(4))
+    url, key = aggregator.url, aggregator.keys["device"]
+    with FederatedClient(url, key, "greedy", data, max_epsilon=2.0) as device:
+        with pytest.raises(TaskRefusedError, match="cannot verify.*at most 2"):
+            device.run_round()
+    with FederatedClient(
+        url, key, "greedy", data, max_epsilon=2.0, trust_server_noise=True
+    ) as device:
+        with pytest.raises(TaskRefusedError, match="costs epsilon 8.*at most 2"):
+            device.run_round()
     assert status(aggregator, "greedy")["updates_received"] == 0
-    device.close()
+
+
+def test_a_local_task_is_charged_on_the_device_as_on_the_server(
+    aggregator: Any, tmp_path: Path
+) -> None:
+    """Local mode at epsilon 3 over 2 rounds, one device with a cap of 3: both rounds
+    are uploaded, and the device's own ledger (durable in ``state_dir``) holds the same
+    epsilon as the server's accountant (both PLD at the federated grid)."""
+    create(
+        aggregator, "local", mode="local", target_epsilon=3.0, rounds=2, population=1,
+        clients_per_round=1,
+    )  # fmt: skip
+    data = blobs(20, np.random.default_rng(6))
+    url, key = aggregator.url, aggregator.keys["device"]
+    with FederatedClient(url, key, "local", data, max_epsilon=3.0, state_dir=tmp_path) as device:
+        assert [r.uploaded for r in device.run(poll_interval=0.05)] == [True, True]
+        spent = device.epsilon_spent()
+    server = status(aggregator, "local")
+    assert server["state"] == "completed"
+    assert 0 < spent <= 3.0
+    assert spent == pytest.approx(server["epsilon_spent"], rel=1e-9)
+    with FederatedClient(url, key, "local", data, max_epsilon=3.0, state_dir=tmp_path) as again:
+        assert again.epsilon_spent() == spent
+
+
+def test_an_upload_is_charged_before_it_is_sent(aggregator: Any, tmp_path: Path) -> None:
+    """The aggregator dies between the round and the upload: the upload is lost, its
+    epsilon is not (a crash loses budget, never spends it twice)."""
+    create(
+        aggregator, "lost", mode="local", target_epsilon=3.0, rounds=2, population=1,
+        clients_per_round=1,
+    )  # fmt: skip
+    data = blobs(20, np.random.default_rng(8))
+    url, key = aggregator.url, aggregator.keys["device"]
+    with FederatedClient(
+        url, key, "lost", data, max_epsilon=3.0, state_dir=tmp_path, max_attempts=1
+    ) as device:
+        info = device.fetch_round()
+        aggregator.kill()
+        assert not device.run_round(info).uploaded
+    with FederatedClient(url, key, "lost", data, max_epsilon=3.0, state_dir=tmp_path) as again:
+        assert again.epsilon_spent() == pytest.approx(
+            device_epsilon({info.noise_multiplier / 2: 1}, 1.0, 1e-5)
+        )
+
+
+def test_a_damaged_ledger_fails_closed(aggregator: Any, tmp_path: Path) -> None:
+    """A ledger edited to forget its uploads does not match its checksum: no upload."""
+    create(
+        aggregator, "damaged", mode="local", target_epsilon=3.0, rounds=3, population=1,
+        clients_per_round=1,
+    )  # fmt: skip
+    data = blobs(20, np.random.default_rng(9))
+    url, key = aggregator.url, aggregator.keys["device"]
+    with FederatedClient(url, key, "damaged", data, state_dir=tmp_path) as device:
+        assert device.run_round().uploaded
+    (ledger,) = tmp_path.glob("federated-*.json")
+    content = json.loads(ledger.read_text())
+    content["body"]["releases"] = []  # the uploads forgotten, the checksum left as it was
+    ledger.write_text(json.dumps(content))
+    with FederatedClient(url, key, "damaged", data, state_dir=tmp_path) as device:
+        with pytest.raises(LedgerCorruptError, match="altered"):
+            device.run_round()
+    assert status(aggregator, "damaged")["participants"] == [1]
+    assert status(aggregator, "damaged")["updates_received"] == 0
+
+
+def test_device_epsilon_is_the_tighter_bound_and_safe_for_any_multiplier() -> None:
+    """min(RDP, PLD) where PLD is affordable; RDP alone for a hostile multiplier (a PLD
+    grid for z = 1e-9 would not fit in memory); no noise is infinite; nothing is 0."""
+    releases = {0.8: 3, 1.6: 2}
+    rdp = gaussian_rounds_epsilon(releases, 1.0, 1e-5, "rdp")
+    pld = gaussian_rounds_epsilon(releases, 1.0, 1e-5, "pld", value_discretization_interval=1e-3)
+    assert pld < rdp and device_epsilon(releases, 1.0, 1e-5) == pld
+    assert device_epsilon({1e-9: 1}, 1.0, 1e-5) > 1e15
+    assert device_epsilon({0.0: 1}, 1.0, 1e-5) == math.inf
+    assert device_epsilon({}, 1.0, 1e-5) == 0.0
 
 
 def test_a_model_of_ones_own_trains_through_the_same_interface(aggregator: Any) -> None:

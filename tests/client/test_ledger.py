@@ -9,6 +9,7 @@ returns). What a fresh object reads is what is on disk.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import math
 import multiprocessing
@@ -27,6 +28,7 @@ from client.ledger import (
     BudgetLimits,
     BudgetStatus,
     LedgerCorruptError,
+    MemoizedCost,
     PrivacyLedger,
 )
 
@@ -348,6 +350,12 @@ CORRUPTIONS: dict[str, Callable[[bytes], bytes]] = {
     "other json": lambda raw: b'{"checksum": "00", "state": 5}',
     "unknown format": lambda raw: _rewrite_state(raw, lambda s: s.update(format=99), True),
     "missing field": lambda raw: _rewrite_state(raw, lambda s: s.pop("spent_lifetime"), True),
+    "forgotten charged value": lambda raw: _rewrite_state(
+        raw, lambda s: s.update(charged_values=[]), False
+    ),
+    "bad charged value": lambda raw: _rewrite_state(
+        raw, lambda s: s.update(charged_values=["not a hash"]), True
+    ),
 }
 
 
@@ -355,6 +363,7 @@ CORRUPTIONS: dict[str, Callable[[bytes], bytes]] = {
 def test_corrupt_ledger_fails_closed(tmp_path: Path, corruption: str) -> None:
     limits, clock = make_limits(), FakeClock()
     ledger = PrivacyLedger(tmp_path, limits, clock=clock)
+    ledger.debit_memoized("m", 1, b"v", MemoizedCost(0.25, 0.125))  # a charged value on file
     ledger.debit("a", 0.5)  # reserves exactly one report: the next debit reads the file
     path = tmp_path / LEDGER_FILE
     damaged = CORRUPTIONS[corruption](path.read_bytes())
@@ -592,3 +601,154 @@ def test_caps_hold_over_random_histories_that_read_the_budget(operations: list[t
     """As above, with the app reading ``budget()`` now and then (which records the time it
     read on disk)."""
     _check_history(operations)
+
+
+# --- memoized mechanisms: epsilon per distinct value for life, per report per period --------
+
+#: Lifetime epsilon per distinct value, and per report (RAPPOR's epsilon_infinity and
+#: epsilon_one play these parts); binary fractions, so the sums below are exact.
+MEMO = MemoizedCost(per_value=0.5, per_report=0.125)
+
+
+def test_memoized_value_costs_its_lifetime_epsilon_once(tmp_path: Path) -> None:
+    limits, clock = make_limits(per_metric_per_period=4.0, total_per_period=8.0), FakeClock()
+    ledger = PrivacyLedger(tmp_path, limits, clock=clock)
+    ledger.debit_memoized("s", 1, b"v", MEMO)  # new: 0.5 for life, max(0.5, 0.125) this period
+    assert spending(on_disk(tmp_path, limits, clock)) == (0, {"s": 0.5}, 0.5, 0.5)
+    for _ in range(3):  # repeats: 0.125 each this period, nothing for life
+        ledger.debit_memoized("s", 1, b"v", MEMO)
+    ledger.release()
+    assert spending(on_disk(tmp_path, limits, clock)) == (0, {"s": 0.875}, 0.875, 0.5)
+    ledger.debit_memoized("s", 1, b"w", MEMO)  # another value: its own lifetime charge
+    ledger.release()
+    assert spending(on_disk(tmp_path, limits, clock)) == (0, {"s": 1.375}, 1.375, 1.0)
+
+    clock.now += PERIOD  # next period: a known value costs only its report
+    restarted = PrivacyLedger(tmp_path, limits, clock=clock)  # remembered across restarts
+    restarted.debit_memoized("s", 1, b"v", MEMO)
+    restarted.release()
+    assert spending(on_disk(tmp_path, limits, clock)) == (1, {"s": 0.125}, 0.125, 1.0)
+
+
+def test_memoized_value_identity_is_metric_version_and_value(tmp_path: Path) -> None:
+    limits, clock = make_limits(per_metric_per_period=4.0, total_per_period=8.0), FakeClock()
+    ledger = PrivacyLedger(tmp_path, limits, clock=clock)
+    for metric, version, value in [("s", 1, b"v"), ("s", 2, b"v"), ("t", 1, b"v"), ("s", 1, b"V")]:
+        ledger.debit_memoized(metric, version, value, MEMO)
+    assert on_disk(tmp_path, limits, clock).spent_lifetime == 4 * 0.5
+    assert len({ledger.value_key("s", 1, b"v"), ledger.value_key("s", 1, b"vv")}) == 2
+    # Length-prefixed: a metric name cannot run into the version and value.
+    assert ledger.value_key("s", 1, b"v") != ledger.value_key("s\x00", 1, b"v")
+
+
+def test_ledger_keeps_keyed_hashes_of_values_never_the_values(tmp_path: Path) -> None:
+    limits, clock = make_limits(), FakeClock()
+    ledger = PrivacyLedger(tmp_path, limits, clock=clock)
+    ledger.debit_memoized("browser.home", 1, b"secret-home-page.example", MEMO)
+    raw = (tmp_path / LEDGER_FILE).read_bytes()
+    assert b"secret-home-page" not in raw
+    state = json.loads(json.loads(raw)["state"])
+    key = hmac.new(
+        bytes.fromhex(state["device_secret"]),
+        b"ldp ledger value v1\x00"
+        + len(b"browser.home").to_bytes(4, "big")
+        + b"browser.home"
+        + (1).to_bytes(8, "big")
+        + b"secret-home-page.example",
+        hashlib.sha256,
+    ).hexdigest()
+    assert state["charged_values"] == [key] and state["format"] == 2
+
+
+def test_new_memoized_value_refused_by_a_cap_spends_nothing(tmp_path: Path) -> None:
+    limits, clock = make_limits(lifetime=1.0, per_metric_per_period=4.0), FakeClock()
+    ledger = PrivacyLedger(tmp_path, limits, clock=clock)
+    ledger.debit_memoized("s", 1, b"a", MEMO)
+    ledger.debit_memoized("s", 1, b"b", MEMO)  # lifetime 1.0: full
+    before = spending(on_disk(tmp_path, limits, clock))
+    with pytest.raises(BudgetExhaustedError, match="lifetime.*first report of a new value"):
+        ledger.debit_memoized("s", 1, b"c", MEMO)
+    after = spending(on_disk(tmp_path, limits, clock))
+    assert after == before
+    # A value already charged may still be reported: it costs no lifetime budget.
+    ledger.debit_memoized("s", 1, b"a", MEMO)
+    ledger.release()
+    assert on_disk(tmp_path, limits, clock).spent_lifetime == 1.0
+    # And a new value is still refused (not charged by the refusal, not charged since).
+    with pytest.raises(BudgetExhaustedError):
+        ledger.debit_memoized("s", 1, b"c", MEMO)
+
+
+def test_period_caps_bound_memoized_repeats(tmp_path: Path) -> None:
+    """Repeats cost no lifetime budget but do cost the period: 0.5 + 6 x 0.125 = 1.25 <=
+    1.25 fits the per-metric cap, a seventh repeat does not."""
+    limits, clock = make_limits(per_metric_per_period=1.25, max_epsilon_per_report=1.0), FakeClock()
+    ledger = PrivacyLedger(tmp_path, limits, clock=clock)
+    ledger.debit_memoized("s", 1, b"v", MEMO)
+    assert debit_until_refused_memoized(ledger, b"v") == 6
+    status = ledger.status()
+    assert status.spent_per_metric["s"] + SLACK >= 1.25 - status.reserved
+    assert on_disk(tmp_path, limits, clock).spent_lifetime == 0.5
+
+
+def test_first_report_of_a_value_larger_than_the_per_metric_cap_is_refused(tmp_path: Path) -> None:
+    limits, clock = make_limits(per_metric_per_period=0.25), FakeClock()
+    ledger = PrivacyLedger(tmp_path, limits, clock=clock)
+    with pytest.raises(BudgetExhaustedError, match="above the cap of 0.25"):
+        ledger.debit_memoized("s", 1, b"v", MEMO)  # the period pays 0.5 for a new value
+    assert spending(on_disk(tmp_path, limits, clock)) == (0, {}, 0.0, 0.0)
+
+
+def test_memoized_and_plain_reservations_of_one_metric_do_not_mix(tmp_path: Path) -> None:
+    """A metric whose new version changes mechanism: plain debits pay the lifetime total,
+    memoized repeats do not, whatever order they come in."""
+    limits, clock = make_limits(per_metric_per_period=4.0, total_per_period=8.0), FakeClock()
+    ledger = PrivacyLedger(tmp_path, limits, clock=clock)
+    ledger.debit_memoized("s", 1, b"v", MEMO)
+    for _ in range(4):
+        ledger.debit_memoized("s", 1, b"v", MEMO)  # period 4 x 0.125
+        ledger.debit("s", 0.25)  # period and lifetime 0.25
+    ledger.release()
+    assert spending(on_disk(tmp_path, limits, clock)) == (0, {"s": 2.0}, 2.0, 1.5)
+
+
+def test_format_1_ledger_is_read_and_upgraded(tmp_path: Path) -> None:
+    limits, clock = make_limits(), FakeClock()
+    ledger = PrivacyLedger(tmp_path, limits, clock=clock)
+    ledger.debit("a", 0.5)
+    path = tmp_path / LEDGER_FILE
+
+    def to_format_1(state: dict) -> None:
+        state.update(format=1)
+        del state["charged_values"]
+
+    path.write_bytes(_rewrite_state(path.read_bytes(), to_format_1, True))
+    reopened = PrivacyLedger(tmp_path, limits, clock=clock)
+    assert reopened.device_secret == ledger.device_secret
+    reopened.debit_memoized("s", 1, b"v", MEMO)
+    state = json.loads(json.loads(path.read_bytes())["state"])
+    assert state["format"] == 2 and len(state["charged_values"]) == 1
+    assert state["spent_lifetime"] == 1.0
+
+
+def test_nonsense_memoized_costs_are_refused() -> None:
+    for per_value, per_report in [(0.0, 1.0), (1.0, -1.0), (math.inf, 1.0), (1.0, math.nan)]:
+        with pytest.raises(ValueError, match="positive and finite"):
+            MemoizedCost(per_value, per_report)
+
+
+def test_memoized_report_above_the_per_report_limit_is_refused(tmp_path: Path) -> None:
+    limits, clock = make_limits(max_epsilon_per_report=0.1), FakeClock()
+    ledger = PrivacyLedger(tmp_path, limits, clock=clock)
+    with pytest.raises(BudgetExhaustedError, match="per report"):
+        ledger.debit_memoized("s", 1, b"v", MEMO)
+    assert spending(on_disk(tmp_path, limits, clock)) == (0, {}, 0.0, 0.0)
+
+
+def debit_until_refused_memoized(ledger: PrivacyLedger, value: bytes, most: int = 1000) -> int:
+    for done in range(most):
+        try:
+            ledger.debit_memoized("s", 1, value, MEMO)
+        except BudgetExhaustedError:
+            return done
+    return most

@@ -12,6 +12,8 @@ import json
 import math
 import re
 import struct
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -27,6 +29,7 @@ from client import (
     BudgetLimits,
     LedgerCorruptError,
     SpecError,
+    StateDirectoryInUseError,
     TelemetryClient,
 )
 from client.ledger import LEDGER_FILE, PrivacyLedger
@@ -61,6 +64,15 @@ MECHANISMS: dict[str, dict[str, Any]] = {
         "p": 0.25,
         "q": 0.75,
     },
+    "str.rappor_unbounded": {  # f = 0: the permanent response is the Bloom filter itself
+        "mechanism": "rappor",
+        "num_bits": 8,
+        "num_hashes": 1,
+        "num_cohorts": 2,
+        "f": 0.0,
+        "p": 0.25,
+        "q": 0.75,
+    },
 }
 LABELS = {"cat.grr": GRR_LABELS, "cat.oue": OUE_LABELS}
 VERSIONS = {"cat.oue": 3}
@@ -85,16 +97,21 @@ class FakeAggregator:
     def __init__(self) -> None:
         self.sent: list[bytes] = []  # every byte the device sent
         self.batches: list[list[dict[str, Any]]] = []
+        #: The HTTP ``Date`` header of every answer (None: no header).
+        self.date: str | None = None
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         self.sent.append(bytes(request.url.raw_path) + b"\n" + request.content)
+        headers = {} if self.date is None else {"Date": self.date}
         if request.method == "GET" and request.url.path == "/v1/metrics":
-            return httpx.Response(200, json=served_metrics())
+            return httpx.Response(200, json=served_metrics(), headers=headers)
         if request.method == "POST" and request.url.path == "/v1/reports":
             reports = json.loads(request.content)["reports"]
             self.batches.append(reports)
-            return httpx.Response(200, json={"accepted": len(reports), "duplicates": 0})
-        return httpx.Response(404)
+            return httpx.Response(
+                200, json={"accepted": len(reports), "duplicates": 0}, headers=headers
+            )
+        return httpx.Response(404, headers=headers)
 
     def client(self, state_dir: Path, **options: Any) -> TelemetryClient:
         options.setdefault("upload_interval", 3600.0)
@@ -412,3 +429,105 @@ def test_report_ids_are_random_version_4_uuids() -> None:
     for position in set(range(32)) - {12, 16}:  # the version digit and the variant digit
         assert len(set(digits[:, position])) == 16
     assert set(digits[:, 12]) == {"4"} and set(digits[:, 16]) == set("89ab")
+
+
+# --- memoized RAPPOR charges, server clock, one client per state directory ----------------
+
+
+def test_rappor_charges_epsilon_infinity_once_per_distinct_value(
+    fake: FakeAggregator, tmp_path: Path
+) -> None:
+    rappor = mechanism_of("str.rappor")
+    client = fake.client(tmp_path)
+    for value in ["home-a.example", "home-a.example", "home-b.example", "home-a.example"]:
+        client.record_string("str.rappor", value)
+    assert client.close(timeout=5.0) is True
+    on_disk = PrivacyLedger(tmp_path, LIMITS).status()
+    # Two distinct values: 2 epsilon_infinity for life (not 4 epsilon_one); the period
+    # pays epsilon_infinity for each first report and epsilon_one for the two repeats.
+    assert on_disk.spent_lifetime == pytest.approx(2 * rappor.epsilon_infinity, abs=SLACK)
+    assert on_disk.spent_per_metric["str.rappor"] == pytest.approx(
+        2 * rappor.epsilon_infinity + 2 * rappor.epsilon_one, abs=SLACK
+    )
+    assert len(fake.batches[0]) == 4
+
+
+def test_rappor_without_a_lifetime_bound_is_refused(fake: FakeAggregator, client: Any) -> None:
+    with pytest.raises(SpecError, match="epsilon_infinity is infinite"):
+        client.record_string("str.rappor_unbounded", "home-a.example")
+    assert client.queued == 0 and client.budget().spent_lifetime == 0.0
+
+
+def test_rappor_value_that_is_not_unicode_is_refused_before_any_spending(client: Any) -> None:
+    with pytest.raises(ValueError, match="not valid Unicode"):
+        client.record_string("str.rappor", "half a pair \ud800")
+    assert client.queued == 0 and client.budget().spent_lifetime == 0.0
+
+
+def test_report_hours_follow_the_aggregator_clock(fake: FakeAggregator, tmp_path: Path) -> None:
+    """The device's clock is two hours fast; the aggregator's ``Date`` says the true time.
+    Reports carry the aggregator's hour, also after a restart with no answer yet (the
+    offset is kept), and with the device's own clock before any answer ever came."""
+    true_now = datetime(2025, 3, 14, 15, 9, 26, tzinfo=UTC)
+    device = true_now.timestamp() + 2 * 3600.0
+    fake.date = "Fri, 14 Mar 2025 15:09:26 GMT"
+    client = fake.client(tmp_path, clock=lambda: device)
+    client.record("cat.grr", 1)
+    assert [r["time"] for r in queued_reports(client)] == ["2025-03-14T15:00:00Z"]
+    assert client.close(timeout=5.0) is True
+
+    fake.date = None  # answers without Date: the kept offset still applies
+    client = fake.client(tmp_path, clock=lambda: device)
+    client.record("cat.grr", 2)
+    assert [r["time"] for r in queued_reports(client)] == ["2025-03-14T15:00:00Z"]
+    client.close(timeout=5.0)
+
+    fresh = fake.client(tmp_path / "fresh", clock=lambda: device)
+    fresh.record("cat.grr", 3)  # never heard a Date: its own clock is all it has
+    assert [r["time"] for r in queued_reports(fresh)] == ["2025-03-14T17:00:00Z"]
+    fresh.close(timeout=5.0)
+
+
+def test_a_second_client_on_one_state_directory_fails_at_once(
+    fake: FakeAggregator, tmp_path: Path
+) -> None:
+    first = fake.client(tmp_path)
+    try:
+        with pytest.raises(StateDirectoryInUseError, match=re.escape(str(tmp_path))):
+            fake.client(tmp_path)
+        first.record("cat.grr", 1)  # the first one is unharmed
+        assert first.queued == 1
+    finally:
+        first.close(timeout=5.0)
+    second = fake.client(tmp_path)  # free again once the first is closed
+    assert second.queued == 0  # the first delivered its report
+    second.close(timeout=5.0)
+
+
+_OTHER_PROCESS = """
+import sys
+from client import StateDirectoryInUseError, TelemetryClient
+try:
+    TelemetryClient("http://127.0.0.1:9", "key", sys.argv[1])
+except StateDirectoryInUseError as error:
+    print(error)
+    sys.exit(3)
+sys.exit(0)
+"""
+
+
+def test_a_client_in_another_process_fails_at_once(fake: FakeAggregator, tmp_path: Path) -> None:
+    first = fake.client(tmp_path)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _OTHER_PROCESS, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,  # a hang guard only
+            cwd=Path(__file__).resolve().parents[2],
+        )
+    finally:
+        first.close(timeout=5.0)
+    assert done.returncode == 3, done.stderr
+    assert "another telemetry client holds the state directory" in done.stdout
+    assert str(tmp_path) in done.stdout

@@ -1,7 +1,8 @@
 """Uploading the outbox: acknowledgement, retries with backoff and Retry-After, refusals.
 
-A scripted aggregator behind ``httpx.MockTransport`` answers ``POST /v1/reports`` and
-records every request (its time on the monotonic clock, its body). Time checks only
+A scripted aggregator behind ``httpx.MockTransport`` answers ``POST /v1/reports`` (a
+status, with a ``Retry-After`` or a problem document if scripted) and records every
+request (its time on the monotonic clock, its body). Time checks only
 ever say "not sooner than" a delay the uploader was told to wait (never an upper
 bound on how long anything takes); waiting for the background thread has a generous
 deadline that only a hang would reach.
@@ -25,14 +26,14 @@ import httpx
 import pytest
 
 from client.outbox import Outbox
-from client.transport import RetryPolicy, Uploader
+from client.transport import RetryPolicy, ServerClock, Uploader, retry_after_seconds
 
 #: Upload interval that keeps the background thread asleep unless it is woken.
 QUIET = 3600.0
 #: Deadline for waiting on the background thread (reached only if it hangs).
 PATIENCE = 20.0
 
-Answer = int | tuple[int, str] | type[httpx.TransportError]
+Answer = int | tuple[int, str] | tuple[int, dict[str, Any]] | type[httpx.TransportError]
 
 
 @dataclass
@@ -48,7 +49,8 @@ class Call:
 
 class ScriptedAggregator:
     """Answers each upload with the next scripted answer (the last one repeats): a status,
-    ``(status, retry_after)``, or an httpx transport error class to raise."""
+    ``(status, retry_after)``, ``(status, problem document)``, or an httpx transport error
+    class to raise."""
 
     def __init__(self, answers: list[Answer], outbox: Outbox) -> None:
         self.answers = list(answers)
@@ -69,12 +71,14 @@ class ScriptedAggregator:
         answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
         if isinstance(answer, type):
             raise answer("scripted failure", request=request)
-        status, retry_after = answer if isinstance(answer, tuple) else (answer, None)
-        headers = {"Retry-After": retry_after} if retry_after is not None else {}
+        status, extra = answer if isinstance(answer, tuple) else (answer, None)
+        headers = {"Retry-After": extra} if isinstance(extra, str) else {}
         if status == 200:
             count = len(json.loads(request.content)["reports"])
             return httpx.Response(200, json={"accepted": count, "duplicates": 0})
         problem = {"type": "about:blank", "title": "scripted", "status": status}
+        if isinstance(extra, dict):
+            problem.update(extra)
         return httpx.Response(status, json=problem, headers=headers)
 
 
@@ -149,7 +153,20 @@ def test_acknowledged_batch_is_removed(outbox: Outbox, start: Callable) -> None:
     assert uploader.stats.reports_acknowledged == 3
 
 
-RETRYABLE: list[Answer] = [429, 502, 503, 504, httpx.ConnectError, httpx.ReadTimeout]
+RETRYABLE: list[Answer] = [
+    401,
+    403,
+    408,
+    429,
+    500,
+    501,
+    502,
+    503,
+    504,
+    507,
+    httpx.ConnectError,
+    httpx.ReadTimeout,
+]
 
 
 @pytest.mark.parametrize("failure", RETRYABLE, ids=lambda f: getattr(f, "__name__", str(f)))
@@ -170,13 +187,18 @@ def test_retryable_failures_keep_the_batch_and_resend_it_unchanged(
     assert uploader.stats.reports_acknowledged == 3
 
 
-@pytest.mark.parametrize("status", [400, 401, 403, 404, 409, 413, 422, 500])
+@pytest.mark.parametrize(
+    "answer",
+    [400, 404, 409, 413, 422, (422, {"errors": [{"report": None, "field": None, "message": "x"}]})],
+    ids=["400", "404", "409", "413", "422-bare", "422-naming-no-report"],
+)
 def test_other_answers_drop_the_batch_and_log_why(
-    outbox: Outbox, start: Callable, status: int, caplog: pytest.LogCaptureFixture
+    outbox: Outbox, start: Callable, answer: Answer, caplog: pytest.LogCaptureFixture
 ) -> None:
+    status = answer[0] if isinstance(answer, tuple) else answer
     reports = [report(n) for n in range(4)]
     outbox.add(reports)
-    uploader, aggregator = start([status, 200], batch_size=2)
+    uploader, aggregator = start([answer, 200], batch_size=2)
     with caplog.at_level(logging.ERROR, logger="ldp.client"):
         assert uploader.flush(10.0) is True
     assert len(aggregator.calls) == 2  # no retry of the refused batch
@@ -186,6 +208,78 @@ def test_other_answers_drop_the_batch_and_log_why(
     assert uploader.stats.reports_acknowledged == 2
     refusals = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(refusals) == 1 and str(status) in refusals[0].getMessage()
+
+
+def test_a_422_drops_only_the_reports_it_names_and_resends_the_rest(
+    outbox: Outbox, start: Callable, caplog: pytest.LogCaptureFixture
+) -> None:
+    reports = [report(n) for n in range(5)]
+    outbox.add(reports)
+    named = {"errors": [{"report": 1, "field": "time", "message": "in the future"}] * 2}
+    named["errors"].append({"report": 3, "field": "payload", "message": "bad"})
+    named["errors"].append({"report": 99, "field": "payload", "message": "not in the batch"})
+    uploader, aggregator = start([(422, named), 200])
+    with caplog.at_level(logging.ERROR, logger="ldp.client"):
+        assert uploader.flush(10.0) is True
+    ids = [r["report_id"] for r in reports]
+    assert [call.report_ids for call in aggregator.calls] == [ids, [ids[0], ids[2], ids[4]]]
+    assert uploader.stats.reports_refused == 2
+    assert uploader.stats.reports_acknowledged == 3
+    refusals = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(refusals) == 1 and "[1, 3]" in refusals[0]
+
+
+def test_a_422_naming_reports_no_longer_queued_backs_off(outbox: Outbox) -> None:
+    """The report it names was evicted while the batch was in flight: nothing to drop, so
+    the uploader backs off rather than resending the same batch in a tight loop."""
+    outbox.add([report(n) for n in range(2)])
+    answers: list[httpx.Response] = []
+
+    def post(body: bytes) -> httpx.Response:
+        reports = json.loads(body)["reports"]
+        if not answers:  # first upload: the outbox evicts report 0 meanwhile
+            batch = outbox.take(2)
+            assert batch is not None
+            outbox.discard_ids(batch, {reports[0]["report_id"]})
+            named = {"errors": [{"report": 0, "field": "time", "message": "x"}]}
+            answers.append(httpx.Response(422, json=named))
+        else:
+            answers.append(httpx.Response(200, json={"accepted": len(reports), "duplicates": 0}))
+        return answers[-1]
+
+    uploader = Uploader(outbox, post, interval=QUIET, retry=FAST, rng=random.Random(3))
+    try:
+        assert uploader.flush(10.0) is True
+    finally:
+        uploader.stop(0.0)
+    assert [a.status_code for a in answers] == [422, 200]
+    assert uploader.stats.retries == 1 and uploader.stats.last_error is not None
+    assert uploader.stats.reports_refused == 0 and uploader.stats.reports_acknowledged == 1
+
+
+def test_retry_after_as_an_http_date_counts_from_the_response_date() -> None:
+    """RFC 9110: ``Retry-After`` may be an HTTP-date; it is read against the server's own
+    ``Date`` (the device's clock may be hours off)."""
+    date = "Sun, 06 Nov 1994 08:49:37 GMT"
+    headers = {"Date": date, "Retry-After": "Sun, 06 Nov 1994 08:50:07 GMT"}
+    assert retry_after_seconds(httpx.Response(503, headers=headers)) == 30.0
+    past = {"Date": date, "Retry-After": "Sun, 06 Nov 1994 08:00:00 GMT"}
+    assert retry_after_seconds(httpx.Response(503, headers=past)) == 0.0
+    assert retry_after_seconds(httpx.Response(503, headers={"Retry-After": "soon"})) is None
+    assert retry_after_seconds(httpx.Response(503, headers={"Retry-After": "2.5"})) == 2.5
+
+
+def test_server_clock_takes_the_offset_from_the_date_header() -> None:
+    device = [1_000_000_000.0 + 7200.0]  # two hours fast
+    clock = ServerClock(clock=lambda: device[0])
+    assert clock.now() == device[0] and not clock.observed
+    clock.observe(httpx.Response(200))  # no Date: nothing learnt
+    assert not clock.observed
+    clock.observe(httpx.Response(200, headers={"Date": "Sun, 09 Sep 2001 01:46:40 GMT"}))
+    assert clock.observed and clock.offset == -7200.0
+    assert clock.now() == 1_000_000_000.0
+    clock.observe(httpx.Response(200, headers={"Date": "not a date"}))  # unreadable: kept
+    assert clock.offset == -7200.0
 
 
 def test_backoff_is_full_jitter_below_an_exponential_cap() -> None:
