@@ -140,14 +140,21 @@ def test_categorical_thresholds_are_tight(name: str, epsilon: float) -> None:
         assert not within(unsafe_neighbour(mech, TIGHT_UNITS), epsilon), (name, d)
 
 
-@pytest.mark.parametrize("epsilon", EPSILONS)
-@pytest.mark.parametrize("name", CATEGORICAL)
+#: OLH above epsilon 8 has g = round(e^eps) + 1 > 3000 buckets per hash: its matrix is not
+#: enumerated here (its realized ratio is still certified by the test above).
+MATRIX_CASES = [
+    (name, epsilon)
+    for name in CATEGORICAL
+    for epsilon in EPSILONS
+    if not (name == "olh" and epsilon > 8)
+]
+
+
+@pytest.mark.parametrize(("name", "epsilon"), MATRIX_CASES)
 def test_probabilities_and_matrix_are_the_realized_ones(name: str, epsilon: float) -> None:
     """p, q and the transition matrix are what encode draws: the matrix's worst ratio equals
     the exact realized ratio to float rounding (1e-12), far finer than the old 1.8e-8 excess."""
     mech = build(mechanism=name, epsilon=epsilon, domain_size=3)
-    if name == "olh" and epsilon > 8:
-        pytest.skip("g = round(e^eps) + 1 buckets: too many outputs to enumerate")
     exact = categorical_ratio(mech)
     matrix = mech.transition_matrix()
     ratio = float((matrix.max(axis=0) / matrix.min(axis=0)).max())
