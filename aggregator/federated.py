@@ -19,14 +19,20 @@ aggregates the uploads with the task's privacy mode, steps the model, charges th
 to the accountant, evaluates the model on the task's public evaluation set if it has
 one, and opens the next round; a task whose planned rounds are done is ``completed``,
 and one whose next round would exceed its privacy budget is ``budget_exhausted`` (no
-such round ever runs).
+such round ever runs). A round whose aggregation fails on non-finite values
+(ArithmeticError or ValueError) is restarted as a short one is, logged and counted in
+``ldp_federated_failed_rounds``, and the task goes on.
 
 Uploads. An upload names its round and carries the update as base64 of little-endian
 float64. It is refused, with nothing stored, when the task is unknown or finished, the
 round is not the open one, the vector has the wrong length or a NaN or infinity, or (in
 the local and distributed modes, where the upload carries its own noise) its L2 norm
 exceeds what an honest client's clipped and noised update reaches but with probability
-below exp(-50). In the central mode the server clips whatever arrives to C instead.
+below exp(-50). In the central mode the server clips whatever arrives to C instead. The
+unclipped bit of an adaptive-clipping task is refused in the distributed mode outside
+the range an honest noisy bit leaves with probability below 2^-60
+(:meth:`shared.federated.privacy.DPConfig.unclipped_range`); in the central mode the
+aggregation clips it to [0, 1].
 """
 
 from __future__ import annotations
@@ -100,13 +106,14 @@ class Federated:
                     422, "invalid-task", "Invalid task", str(error),
                     [{"field": "evaluation", "message": str(error)}],
                 ) from None  # fmt: skip
-        try:
+        try:  # calibration may find no multiplier, or one the other fields do not fit
             state = TaskState.start(request.config)
-        except (ValueError, ArithmeticError) as error:  # calibration found no multiplier
+            status = _status_after(state)
+        except (ValueError, ArithmeticError) as error:
             raise FederatedError(
-                422, "invalid-task", "Invalid task", f"cannot calibrate the noise: {error}"
-            ) from None
-        status = _status_after(state)
+                422, "invalid-task", "Invalid task", f"cannot set the task's noise: {error}",
+                [{"field": "config", "message": str(error)}],
+            ) from None  # fmt: skip
         row = TaskRow(
             request.name,
             status,
@@ -183,6 +190,7 @@ class Federated:
                     [{"field": field, "message": f"expected {expected}"}],
                 )
             _check_vector(state, raw)
+            _check_unclipped(state, upload.unclipped)
             return task.round
 
         try:
@@ -244,6 +252,11 @@ class Federated:
         """
         now = self.clock()
 
+        def restart(task: TaskRow, state: TaskState) -> TaskUpdate:
+            state.restart_round()
+            deadline = now + state.config.round_timeout_seconds
+            return TaskUpdate(task.status, task.round, _dump(state), deadline, restart=True)
+
         def change(task: TaskRow, uploads: list[UpdateRow]) -> TaskChange:
             if task.status != "running":
                 return None
@@ -256,10 +269,8 @@ class Federated:
             if len(uploads) < config.min_clients:
                 if force or not due:
                     return None
-                state.restart_round()
                 obs.FEDERATED_RESTARTS.inc()
-                deadline = now + config.round_timeout_seconds
-                return TaskUpdate(task.status, task.round, _dump(state), deadline, restart=True)
+                return restart(task, state)
             updates = np.stack([np.frombuffer(u.vector, dtype="<f8") for u in uploads])
             unclipped = np.array([u.unclipped for u in uploads])
             weights = np.array([u.num_examples for u in uploads], dtype=np.float64)
@@ -268,6 +279,13 @@ class Federated:
             except BudgetExhaustedError:
                 obs.log(logger, logging.WARNING, "federated task out of budget", task=task.name)
                 return TaskUpdate("budget_exhausted", task.round, task.state, task.deadline)
+            except (ArithmeticError, ValueError) as error:
+                obs.log(
+                    logger, logging.ERROR, "federated round failed; restarted",
+                    task=task.name, round=task.round, error=str(error),
+                )  # fmt: skip
+                obs.FEDERATED_FAILED_ROUNDS.inc()
+                return restart(task, _state(task))  # the state as stored, untouched
             obs.FEDERATED_ROUNDS.inc()
             return TaskUpdate(
                 _status_after(state),
@@ -377,6 +395,23 @@ def _check_vector(state: TaskState, raw: bytes) -> None:
             f"the update's L2 norm {norm:.6g} exceeds {bound:.6g}, the most a clipped "
             f"(C = {state.clip_norm:.6g}) and noised update reaches in mode "
             f"{state.config.mode!r}",
+        )
+
+
+def _check_unclipped(state: TaskState, unclipped: float) -> None:
+    """Refuse, in the distributed mode with adaptive clipping, an unclipped bit outside
+    ``[-t s, 1 + t s]``: an honest one (0 or 1 plus its ``N(0, s^2)`` share of the count's
+    noise) lies outside with probability below ``exp(-t^2 / 2)`` < 2^-60 (``t = 10``)."""
+    dp = state.dp
+    if dp.mode != "distributed" or dp.adaptive is None:
+        return
+    low, high = dp.unclipped_range()
+    if not low <= unclipped <= high:
+        raise _bad_update(
+            "unclipped",
+            f"unclipped is {unclipped!r}; an honest device's bit (0 or 1) plus its share of "
+            f"the count's noise (std {dp.unclipped_noise_std:.6g}) lies in "
+            f"[{low:.6g}, {high:.6g}] but for a chance below 2^-60",
         )
 
 

@@ -39,8 +39,21 @@ fraction ``b = (sum_k b_k + N(0, sigma_b^2)) / (q W)`` and sets
 ``C <- C exp(-eta (b - gamma))``. Releasing ``b`` costs privacy too: the update noise
 multiplier becomes ``z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2)``, so that the pair is
 exactly as private as one Gaussian release at multiplier ``z`` (Theorem 1 of the paper).
-It needs ``2 sigma_b > z``. Offered in the central and distributed modes, where the
-count's noise is shared; in the local mode each device's bit would need its own noise.
+It needs ``2 sigma_b > z``, and here with room to spare: ``z_Delta`` at most
+``MAX_NOISE_MULTIPLIER``. Offered in the central and distributed modes, where the count's
+noise is shared; in the local mode each device's bit would need its own noise.
+
+One device must not steer ``C``. The server first brings every reported bit into the
+range an honest one lies in (:meth:`DPConfig.unclipped_range`): ``[0, 1]`` in the central
+mode, and in the distributed mode, where a device adds its share ``s = sigma_b / sqrt(q W)``
+of the count's noise, ``[-t s, 1 + t s]`` with ``t = UNCLIPPED_TAIL_ALLOWANCE``, which an
+honest noisy bit leaves with probability ``P(|N(0, 1)| > t) <= exp(-t^2 / 2)``, about
+``2e-22 < 2^-60`` for ``t = 10`` (the service refuses such an upload outright). A device
+then moves the count by at most ``1 + 2 t s``. Every step is kept finite: the exponent
+``-eta (b - gamma)`` is clamped to ``[-MAX_CLIP_LOG_STEP, MAX_CLIP_LOG_STEP]`` (``C``
+changes by at most a factor ``e`` a round) and ``C`` to ``[MIN_CLIP_NORM, MAX_CLIP_NORM]``.
+Both clamps act on the released ``b`` only, so they are post-processing and cost no privacy;
+a non-finite ``b`` is refused with ``ValueError``.
 
 Noise is drawn with Box-Muller from 53-bit uniforms of :class:`shared.randomness.
 RandomSource`: the operating system's CSPRNG on devices (``rng=None``), a seeded
@@ -79,6 +92,21 @@ PRIVACY_MODES: tuple[str, ...] = ("none", "local", "central", "distributed")
 #: with probability at most ``exp(-t^2 / 2)`` (Gaussian concentration of a 1-Lipschitz
 #: function), about 2e-22 for t = 10.
 NORM_TAIL_ALLOWANCE = 10.0
+
+#: Tail allowance of the distributed mode's unclipped bit: an honest ``b + N(0, s^2)``,
+#: ``b`` in {0, 1}, leaves ``[-t s, 1 + t s]`` with probability at most
+#: ``P(|N(0, 1)| > t) <= exp(-t^2 / 2)`` (Chernoff), about 2e-22 < 2^-60 for t = 10.
+UNCLIPPED_TAIL_ALLOWANCE = 10.0
+
+#: The range the clip norm is kept in, configured or adapted.
+MIN_CLIP_NORM = 1e-6
+MAX_CLIP_NORM = 1e6
+
+#: Largest ``|eta (b - gamma)|`` of one adaptive step: ``C`` moves by at most a factor e.
+MAX_CLIP_LOG_STEP = 1.0
+
+#: Largest update noise multiplier ``z_Delta`` that adaptive clipping may leave.
+MAX_NOISE_MULTIPLIER = 1e6
 
 
 def gaussian_noise(
@@ -144,10 +172,16 @@ class AdaptiveClipping:
             )
 
     def next_clip_norm(self, clip_norm: float, unclipped_fraction: float) -> float:
-        """``C exp(-eta (b - gamma))``."""
-        return clip_norm * math.exp(
-            -self.learning_rate * (unclipped_fraction - self.target_quantile)
-        )
+        """``C exp(-eta (b - gamma))``, the exponent clamped to ``+-MAX_CLIP_LOG_STEP`` and
+        the result to ``[MIN_CLIP_NORM, MAX_CLIP_NORM]``; ValueError for a non-finite ``b``."""
+        if not (math.isfinite(unclipped_fraction) and math.isfinite(clip_norm)):
+            raise ValueError(
+                f"the noisy unclipped fraction {unclipped_fraction!r} and the clip norm "
+                f"{clip_norm!r} must be finite"
+            )
+        exponent = -self.learning_rate * (unclipped_fraction - self.target_quantile)
+        step = min(max(exponent, -MAX_CLIP_LOG_STEP), MAX_CLIP_LOG_STEP)
+        return min(max(clip_norm * math.exp(step), MIN_CLIP_NORM), MAX_CLIP_NORM)
 
 
 @dataclass(frozen=True)
@@ -182,14 +216,15 @@ class DPConfig:
                     "adaptive clipping is offered in the central and distributed modes only, "
                     f"not {self.mode!r}: there the noise on the unclipped count is shared"
                 )
-            if (
-                self.noise_multiplier > 0
-                and not 2 * self.adaptive.count_noise > self.noise_multiplier
+            if self.noise_multiplier > 0 and not (
+                2 * self.adaptive.count_noise > self.noise_multiplier
+                and self.update_noise_multiplier <= MAX_NOISE_MULTIPLIER
             ):
                 raise ValueError(
-                    "adaptive clipping needs 2 * count_noise > noise_multiplier, got "
-                    f"count_noise={self.adaptive.count_noise!r}, "
-                    f"noise_multiplier={self.noise_multiplier!r}"
+                    "adaptive clipping needs 2 * count_noise > noise_multiplier, with room "
+                    f"for an update noise multiplier (z^-2 - (2 count_noise)^-2)^(-1/2) of at "
+                    f"most {MAX_NOISE_MULTIPLIER:g}; got count_noise="
+                    f"{self.adaptive.count_noise!r}, noise_multiplier={self.noise_multiplier!r}"
                 )
 
     @property
@@ -203,7 +238,10 @@ class DPConfig:
         z = self.noise_multiplier
         if self.adaptive is None or z == 0:
             return z
-        return (z**-2 - (2 * self.adaptive.count_noise) ** -2) ** -0.5
+        ratio = z / (2 * self.adaptive.count_noise)
+        if ratio >= 1.0:
+            return math.inf
+        return z / math.sqrt((1.0 - ratio) * (1.0 + ratio))  # the same, without cancellation
 
     @property
     def client_noise_std(self) -> float:
@@ -213,6 +251,20 @@ class DPConfig:
         if self.mode == "distributed":
             return self.update_noise_multiplier / math.sqrt(self.expected_clients)
         return 0.0
+
+    @property
+    def unclipped_noise_std(self) -> float:
+        """``s = sigma_b / sqrt(q W)``: one client's share of the count's noise (distributed
+        mode with adaptive clipping and noise; 0 otherwise)."""
+        if self.mode == "distributed" and self.adaptive is not None and self.private:
+            return self.adaptive.count_noise / math.sqrt(self.expected_clients)
+        return 0.0
+
+    def unclipped_range(self) -> tuple[float, float]:
+        """The range an honest upload's unclipped bit lies in: ``[-t s, 1 + t s]``, with
+        ``t = UNCLIPPED_TAIL_ALLOWANCE``, but for a chance below ``exp(-t^2 / 2)``."""
+        margin = UNCLIPPED_TAIL_ALLOWANCE * self.unclipped_noise_std
+        return -margin, 1.0 + margin
 
     @property
     def accounting_sample_rate(self) -> float:
@@ -266,9 +318,8 @@ def privatize(
     clipped, unclipped = clip_update(raw, clip_norm)
     noisy = clipped + gaussian_noise(clipped.shape, config.client_noise_std * clip_norm, rng)
     bit = float(unclipped)
-    if config.mode == "distributed" and config.adaptive is not None and config.private:
-        share = config.adaptive.count_noise / math.sqrt(config.expected_clients)
-        bit += float(gaussian_noise(1, share, rng)[0])
+    if config.unclipped_noise_std > 0:
+        bit += float(gaussian_noise(1, config.unclipped_noise_std, rng)[0])
     return Contribution(noisy, bit)
 
 
@@ -291,7 +342,7 @@ class PrivateAggregation:
     rescale it to the fixed denominator (``mean * m / (q W) = sum / (q W)``) and add
     ``N(0, (z_Delta C / (q W))^2)``. ``distributed``: the uploads carry the noise; the sum
     is divided by ``q W``. With adaptive clipping the noisy unclipped fraction sets the
-    next round's ``C``.
+    next round's ``C``, from bits first brought into :meth:`DPConfig.unclipped_range`.
     """
 
     strategy: FedAvg
@@ -313,7 +364,7 @@ class PrivateAggregation:
         if config.mode == "local":
             return RoundOutcome(self.strategy.aggregate(rows), m, clip_norm, None)
         expected = config.expected_clients
-        bits = np.asarray(unclipped, dtype=np.float64)
+        bits = np.clip(np.asarray(unclipped, dtype=np.float64), *config.unclipped_range())
         if config.mode == "central":
             rows, server_bits = clip_rows(rows, clip_norm)
             mean = self.strategy.aggregate(rows) * (m / expected)

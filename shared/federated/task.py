@@ -40,6 +40,9 @@ from shared.accounting import BUDGET_RELATIVE_TOLERANCE, GaussianRoundsAccountan
 from shared.federated.fedavg import FedAvg, ServerState
 from shared.federated.models import LocalTraining, ModelSpec, make_model
 from shared.federated.privacy import (
+    MAX_CLIP_NORM,
+    MAX_NOISE_MULTIPLIER,
+    MIN_CLIP_NORM,
     AdaptiveClipping,
     DPConfig,
     PrivacyMode,
@@ -64,6 +67,11 @@ FEDERATED_DISCRETIZATION = 1e-3
 
 #: Ratio of the grid the distributed mode's per-round multipliers are rounded down to.
 ACCOUNTING_GRID = 1.05
+
+#: Smallest positive noise multiplier a task may give. One unsampled round at z = 0.1
+#: already spends about 92 epsilon at delta = 1e-5, far past ``MAX_EPSILON``; below it the
+#: PLD accountant's privacy-loss grid (its width grows like 1 / z^2) runs out of memory.
+MIN_NOISE_MULTIPLIER = 0.1
 
 
 class LocalTrainingSpec(BaseModel):
@@ -101,7 +109,7 @@ class TaskConfig(BaseModel):
     clients_per_round: float = Field(
         ge=1, le=10**12, allow_inf_nan=False, description="expected clients per round, q W"
     )
-    clip_norm: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    clip_norm: float = Field(default=1.0, ge=MIN_CLIP_NORM, le=MAX_CLIP_NORM)
     target_epsilon: float | None = Field(
         default=None,
         ge=MIN_EPSILON,
@@ -138,18 +146,71 @@ class TaskConfig(BaseModel):
             raise ValueError("give either noise_multiplier or target_epsilon, not both")
         elif self.noise_multiplier is None and self.target_epsilon is None:
             raise ValueError(f"mode {self.mode!r} needs a noise_multiplier or a target_epsilon")
+        if self.noise_multiplier is not None and 0 < self.noise_multiplier < MIN_NOISE_MULTIPLIER:
+            raise ValueError(
+                f"noise_multiplier must be 0 (no privacy) or at least {MIN_NOISE_MULTIPLIER}, got "
+                f"{self.noise_multiplier!r}: one round at less spends more than 90 epsilon"
+            )
         if self.max_clients is not None and self.max_clients < self.min_clients:
             raise ValueError("max_clients must be at least min_clients")
         if self.adaptive_clipping is not None and self.mode not in ("central", "distributed"):
             raise ValueError(
                 "adaptive clipping is offered in the central and distributed modes only"
             )
+        if self.mode == "none" or self.noise_multiplier is not None:
+            self.dp_config(calibrate(self))
         return self
 
     @property
     def sample_rate(self) -> float:
         """``q = clients_per_round / population``."""
         return self.clients_per_round / self.population
+
+    def dp_config(self, noise_multiplier: float, clip_norm: float | None = None) -> DPConfig:
+        """The task's :class:`DPConfig` at ``noise_multiplier`` (and ``clip_norm``, by default
+        the configured one); ValueError naming the fields when they do not fit together.
+
+        The one combination that fields checked one by one let through is adaptive clipping
+        with too little noise on the count: it needs ``2 sigma_b > z`` and an update
+        multiplier ``z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2)`` of at most
+        ``MAX_NOISE_MULTIPLIER``, that is ``sigma_b >= 1 / (2 sqrt(z^-2 - z_max^-2))``.
+        Checked when the task is validated if ``noise_multiplier`` is given, and by
+        :meth:`TaskState.start` once a ``target_epsilon`` has been calibrated into ``z``.
+        """
+        try:
+            return DPConfig(
+                self.mode,
+                self.clip_norm if clip_norm is None else clip_norm,
+                noise_multiplier,
+                self.clients_per_round,
+                self.sample_rate,
+                self.adaptive(),
+            )
+        except ValueError as error:
+            spec, adaptive = self.adaptive_clipping, self.adaptive()
+            if spec is None or adaptive is None:
+                raise
+            count_source = (
+                "clients_per_round / 20, the default"
+                if spec.count_noise is None
+                else "adaptive_clipping.count_noise"
+            )
+            noise_source = (
+                "noise_multiplier"
+                if self.noise_multiplier is not None
+                else f"calibrated for target_epsilon={self.target_epsilon:g}"
+            )
+            room = noise_multiplier**-2 - MAX_NOISE_MULTIPLIER**-2
+            remedy = (
+                f"set adaptive_clipping.count_noise to at least {0.5 / math.sqrt(room):.6g}, "
+                "or raise clients_per_round"
+                if room > 0
+                else "lower the noise"
+            )
+            raise ValueError(
+                f"{error}. Here count_noise is {adaptive.count_noise:g} ({count_source}) and "
+                f"the noise multiplier {noise_multiplier:g} ({noise_source}): {remedy}"
+            ) from None
 
     def adaptive(self) -> AdaptiveClipping | None:
         spec = self.adaptive_clipping
@@ -238,20 +299,13 @@ class TaskState:
         ``noise_multiplier`` overrides the configured or calibrated one."""
         calibrated = noise_multiplier is None and config.target_epsilon is not None
         z = calibrate(config) if noise_multiplier is None else noise_multiplier
+        config.dp_config(z)
         params = make_model(config.model).init_params(np.random.default_rng(config.seed))
         return cls(config, z, ServerState.start(params), config.clip_norm, calibrated=calibrated)
 
     @property
     def dp(self) -> DPConfig:
-        c = self.config
-        return DPConfig(
-            c.mode,
-            self.clip_norm,
-            self.noise_multiplier,
-            c.clients_per_round,
-            c.sample_rate,
-            c.adaptive(),
-        )
+        return self.config.dp_config(self.noise_multiplier, self.clip_norm)
 
     @property
     def strategy(self) -> FedAvg:
@@ -352,6 +406,8 @@ class TaskState:
         ``updates`` is (m, P), one row per accepted upload; ``unclipped`` the uploads'
         bits; ``weights`` their example counts (used by the ``none`` mode only);
         ``evaluate`` maps the new parameters to metrics kept in the round's record.
+        Nothing changes if the round raises: budget, too few updates, or an aggregate that
+        is not finite (ArithmeticError), after which the caller may restart the round.
         """
         self.check_round()
         m = updates.shape[0]
@@ -359,7 +415,10 @@ class TaskState:
             raise ValueError(f"a round needs at least {self.config.min_clients} updates, got {m}")
         aggregation = PrivateAggregation(self.strategy, self.dp)
         outcome = aggregation.aggregate(updates, unclipped, weights, self.clip_norm, rng)
-        self.server = self.strategy.apply(self.server, outcome.mean_update)
+        server = self.strategy.apply(self.server, outcome.mean_update)
+        if not (np.all(np.isfinite(server.params)) and np.all(np.isfinite(server.velocity))):
+            raise ArithmeticError("the round's aggregate takes the model to non-finite values")
+        self.server = server
         if self.dp.private:
             accountant = self._accountant()
             accountant.record(self._charged_multiplier(m))

@@ -31,6 +31,10 @@ from shared.federated.models import (
     make_model,
 )
 from shared.federated.privacy import (
+    MAX_CLIP_LOG_STEP,
+    MAX_CLIP_NORM,
+    MIN_CLIP_NORM,
+    UNCLIPPED_TAIL_ALLOWANCE,
     AdaptiveClipping,
     DPConfig,
     PrivateAggregation,
@@ -307,6 +311,78 @@ def test_adaptive_counts_unclipped_updates() -> None:
     assert adaptive.next_clip_norm(1.0, 0.0) > 1.0  # all clipped: grow
 
 
+@given(
+    clip=st.floats(MIN_CLIP_NORM, MAX_CLIP_NORM),
+    fraction=st.floats(allow_nan=False, allow_infinity=False),
+    rate=st.floats(1e-6, 1e300),
+)
+def test_adaptive_step_is_clamped_and_finite(clip: float, fraction: float, rate: float) -> None:
+    """Whatever the noisy fraction and learning rate, C moves by at most a factor e and
+    stays in [MIN_CLIP_NORM, MAX_CLIP_NORM]."""
+    new = AdaptiveClipping(1.0, 0.5, rate).next_clip_norm(clip, fraction)
+    assert MIN_CLIP_NORM <= new <= MAX_CLIP_NORM
+    ratio = new / clip
+    step = math.exp(MAX_CLIP_LOG_STEP)
+    assert 1 / step * (1 - 1e-12) <= ratio <= step * (1 + 1e-12) or new in (
+        MIN_CLIP_NORM, MAX_CLIP_NORM
+    )
+
+
+def test_adaptive_step_refuses_non_finite_fractions() -> None:
+    adaptive = AdaptiveClipping(1.0)
+    for bad in (math.nan, math.inf, -math.inf):
+        with pytest.raises(ValueError, match="must be finite"):
+            adaptive.next_clip_norm(1.0, bad)
+
+
+@pytest.mark.parametrize("hostile", [-1e6, -2000.0, 1e6, 5.0])
+def test_central_mode_clips_hostile_unclipped_bits(hostile: float) -> None:
+    """One device reporting any bit moves the count as a bit in [0, 1] does (no noise here,
+    so the outcome is exact); it used to overflow exp (-1e6) or blow C up to 1e58 (-2000)."""
+    adaptive = AdaptiveClipping(count_noise=1.0, target_quantile=0.5, learning_rate=0.2)
+    config = DPConfig("central", 1.0, 0.0, expected_clients=3, adaptive=adaptive)
+    aggregation = PrivateAggregation(FedAvg(), config)
+    updates = np.full((3, 4), 0.01)
+    outcome = aggregation.aggregate(updates, np.array([hostile, 1.0, 1.0]), np.ones(3), 1.0)
+    clipped = min(max(hostile, 0.0), 1.0)
+    assert outcome.unclipped_fraction == pytest.approx((clipped + 2.0) / 3.0)
+    assert outcome.clip_norm == pytest.approx(
+        adaptive.next_clip_norm(1.0, (clipped + 2.0) / 3.0)
+    )
+
+
+def test_distributed_unclipped_range_holds_honest_bits_and_bounds_hostile_ones() -> None:
+    """Honest noisy bits lie in [-t s, 1 + t s] (each leaves it with probability below
+    exp(-50), so 10^5 draws all inside fail with probability below 1e-16); the aggregation
+    brings a hostile bit into that range, so it moves the count by at most 1 + 2 t s."""
+    adaptive = AdaptiveClipping(count_noise=5.0)
+    config = DPConfig("distributed", 1.0, 1.0, expected_clients=100, adaptive=adaptive)
+    s = 5.0 / math.sqrt(100)
+    assert config.unclipped_noise_std == pytest.approx(s)
+    low, high = config.unclipped_range()
+    assert (low, high) == pytest.approx((-UNCLIPPED_TAIL_ALLOWANCE * s, 1 + UNCLIPPED_TAIL_ALLOWANCE * s))
+    rng = np.random.default_rng(31)
+    bits = np.array(
+        [privatize(np.zeros(2), config, 1.0, rng).unclipped for _ in range(20_000)]
+    )
+    assert np.all((low <= bits) & (bits <= high))
+    assert abs(np.std(bits) - s) < 0.05 * s  # the share is there (a 7-sigma margin)
+    free = DPConfig("distributed", 1.0, 0.0, expected_clients=100, adaptive=adaptive)
+    assert free.unclipped_range() == (0.0, 1.0)  # no noise: the bit is exactly 0 or 1
+    aggregation = PrivateAggregation(FedAvg(), free)
+    outcome = aggregation.aggregate(np.zeros((2, 2)), np.array([-1e6, 1.0]), np.ones(2), 1.0)
+    assert outcome.unclipped_fraction == pytest.approx(1.0 / 100)
+
+
+def test_adaptive_clipping_needs_room_in_the_noise_split() -> None:
+    """2 sigma_b barely above z leaves z_Delta near infinity: refused at construction (it
+    used to pass the check, then z_Delta was 1e8 or a ZeroDivisionError)."""
+    with pytest.raises(ValueError, match="count_noise"):
+        DPConfig("central", 1.0, 1.0, 100, 0.1, adaptive=AdaptiveClipping(0.5 * (1 + 1e-15)))
+    config = DPConfig("central", 1.0, 1.0, 100, 0.1, adaptive=AdaptiveClipping(0.5 * 1.01))
+    assert math.isclose(config.update_noise_multiplier, (1 - 1 / 1.01**2) ** -0.5, rel_tol=1e-9)
+
+
 # --- accounting -----------------------------------------------------------------------
 
 
@@ -429,6 +505,68 @@ def test_task_state_round_trips_through_json() -> None:
     assert restored.clip_norm == state.clip_norm != 1.0
     assert restored.epsilon() == state.epsilon()
     assert restored.history == state.history
+
+
+def test_adaptive_task_with_too_little_count_noise_names_the_fields() -> None:
+    """clients_per_round = 20 gives the default count noise 1, too little for z = 2."""
+    with pytest.raises(ValueError, match=r"clients_per_round / 20.*noise_multiplier.*at least"):
+        _task(target_epsilon=None, noise_multiplier=2.0, adaptive_clipping={})
+    _task(target_epsilon=None, noise_multiplier=2.0, adaptive_clipping={"count_noise": 1.5})
+    small = _task(clients_per_round=3, rounds=4, target_epsilon=4.0, adaptive_clipping={})
+    with pytest.raises(ValueError, match=r"calibrated for target_epsilon=4.*count_noise"):
+        TaskState.start(small)
+
+
+def test_a_non_finite_round_raises_and_changes_nothing() -> None:
+    state = TaskState.start(
+        _task(mode="none", target_epsilon=None, server_learning_rate=1e300)
+    )
+    params = state.server.params.copy()
+    updates = np.full((2, state.num_params), 1e10)
+    with pytest.raises(ArithmeticError, match="non-finite"):
+        state.close_round(updates, np.ones(2), np.ones(2), np.random.default_rng(0))
+    assert state.round == 0 and not state.history
+    np.testing.assert_array_equal(state.server.params, params)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    mode=st.sampled_from(["none", "local", "central", "distributed"]),
+    clients=st.sampled_from([1.0, 1.5, 20.0, 200.0]),
+    noise=st.sampled_from([0.0, 0.1, 0.7, 1e3, 1e6]),
+    clip=st.sampled_from([MIN_CLIP_NORM, 1.0, MAX_CLIP_NORM]),
+    adaptive=st.sampled_from([None, {}, {"count_noise": 0.5000001}, {"count_noise": 1e12}]),
+    bits=st.sampled_from([-1e6, -2000.0, 0.0, 1.0, 1e6]),
+)
+def test_every_valid_config_starts_and_survives_a_hostile_round(
+    mode: str, clients: float, noise: float, clip: float, adaptive: object, bits: float
+) -> None:
+    """What the service runs on create (start, check_round, budget) and on close never
+    raises for a config that validated, whatever the uploaded bits."""
+    overrides: dict[str, object] = {
+        "mode": mode, "clients_per_round": clients, "clip_norm": clip, "rounds": 3,
+        "target_epsilon": None, "noise_multiplier": None if mode == "none" else noise,
+        "adaptive_clipping": adaptive,
+    }  # fmt: skip
+    try:
+        config = _task(**overrides)
+    except ValueError:
+        return  # refused at validation: the service answers 422
+    state = TaskState.start(config)
+    state.check_round()
+    assert state.budget > 0
+    rng = np.random.default_rng(5)
+    updates = rng.normal(0, 1, (2, state.num_params))
+    state.close_round(updates, np.array([bits, 1.0]), np.ones(2), rng)
+    assert math.isfinite(state.clip_norm) and MIN_CLIP_NORM <= state.clip_norm <= MAX_CLIP_NORM
+    assert np.all(np.isfinite(state.server.params))
+
+
+def test_noise_multiplier_and_clip_norm_ranges() -> None:
+    with pytest.raises(ValueError, match="at least 0.1"):
+        _task(target_epsilon=None, noise_multiplier=1e-6)
+    with pytest.raises(ValueError, match="clip_norm"):
+        _task(clip_norm=1e7)
 
 
 def test_non_private_task_reports_infinite_epsilon() -> None:
