@@ -29,6 +29,7 @@ from aggregator import observability as obs
 from aggregator.auth import KeyRing, RateLimiter, Role
 from aggregator.catalog import Published
 from aggregator.deps import Admin, Analyst, Device
+from aggregator.docs_pages import add_docs_pages
 from aggregator.estimates import EstimateOut
 from aggregator.federated import Federated
 from aggregator.federated_api import add_federated_routes
@@ -47,7 +48,7 @@ from aggregator.settings import Settings
 from shared.schemas import (
     MAX_LABEL_LENGTH,
     IngestResult,
-    MetricDefinition,
+    MetricDocument,
     MetricSpec,
     ReportBatch,
 )
@@ -195,6 +196,8 @@ def create_app(settings: Settings, aggregator: Aggregator | None = None) -> Fast
         ),
         lifespan=lifespan,
         responses=PROBLEM_RESPONSES,
+        docs_url=None,  # /docs and /redoc are added by add_docs_pages, with local assets
+        redoc_url=None,
         # One schema per model: MechanismSpec serializes without its unused (null) fields,
         # which its validation schema describes better than a generic object.
         separate_input_output_schemas=False,
@@ -278,12 +281,27 @@ def create_app(settings: Settings, aggregator: Aggregator | None = None) -> Fast
         responses={201: {"model": MetricSpec, "description": "A new version was created."}},
     )
     async def define_metric(
-        name: MetricName, definition: MetricDefinition, response: Response, principal: Admin
+        name: MetricName, document: MetricDocument, response: Response, principal: Admin
     ) -> Any:
         """Define a metric. A new spec or new labels make a new version (201); the same spec
-        with another description updates the current version (200)."""
+        with another description updates the current version (200).
+
+        The body may be a ``GET /v1/metrics`` item as it is: its ``name`` must be the
+        path's, and its ``version`` is ignored (the server assigns versions)."""
+        if document.name is not None and document.name != name:
+            message = (
+                f"the body names metric {document.name!r} but the path names {name!r}; "
+                "they must agree (omit name from the body, or PUT to its own path)"
+            )
+            raise ProblemError(
+                422,
+                "invalid-metric",
+                "Invalid metric",
+                message,
+                [{"field": "name", "message": message}],
+            )
         try:
-            metric, created = await run_in_threadpool(service.define, name, definition)
+            metric, created = await run_in_threadpool(service.define, name, document.definition())
         except ValueError as error:
             raise ProblemError(
                 422,
@@ -445,6 +463,7 @@ def create_app(settings: Settings, aggregator: Aggregator | None = None) -> Fast
         return {"groups": result.groups, "rows_merged": result.rows_merged}
 
     add_federated_routes(app)
+    add_docs_pages(app)
     _document_batch_schema(app)
     return app
 

@@ -53,6 +53,12 @@ KEY_VARIABLES: dict[Role, str] = {
     "analyst": "LDP_ANALYST_KEYS",
     "device": "LDP_DEVICE_KEYS",
 }
+#: How messages name a key of each role, article included.
+KEY_OF_ROLE: dict[Role, str] = {
+    "admin": "an admin key",
+    "analyst": "an analyst key",
+    "device": "a device key",
+}
 #: The label of a key stored from each role's variable.
 ENVIRONMENT_LABELS: dict[Role, str] = {
     role: f"from {variable}" for role, variable in KEY_VARIABLES.items()
@@ -241,7 +247,7 @@ def sync_environment_keys(
                 changes.added.append(key_id)
         elif row["role"] != role:
             changes.refused.append(
-                f"a key listed in {variable} is stored as a {row['role']} key (id "
+                f"a key listed in {variable} is stored as {KEY_OF_ROLE[row['role']]} (id "
                 f"{row['key_id']}); a key keeps its role: list a new key"
             )
         elif row["revoked_at"] is not None and not row["label"].endswith(UNLISTED):

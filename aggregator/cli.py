@@ -11,24 +11,47 @@ workers start it creates the schema, defines the metrics (``--config``: those of
 file, a new version where a spec changed; otherwise the demo set, where missing), and
 makes the keys from the environment follow ``LDP_ADMIN_KEYS`` / ``LDP_ANALYST_KEYS`` /
 ``LDP_DEVICE_KEYS`` (new ones added, unlisted ones revoked: ``aggregator/auth.py``); on a
-database with no key it creates an admin key and prints it once.
+database with no key it creates an admin key and prints it once. Every start then prints,
+once, to stderr: the address it listens on, the database (SQLite: the absolute path;
+a URL with its password hidden), the metrics it serves, and how to make a new admin key
+if the printed one is lost.
+
+``--database`` is a SQLite file path, a ``sqlite:///`` URL or a PostgreSQL URL. As in
+SQLAlchemy, ``sqlite:///x.db`` is relative to the working directory and
+``sqlite:////var/x.db`` (four slashes) is absolute; either is resolved to an absolute
+path before the service starts. A SQLite file's directory must exist, except for the
+default location, which is created. Every command refuses what it cannot use with one
+line, ``ldp-aggregator: error: ...``, and exit status 2: a missing directory, a database
+that cannot be reached or logged into, an address that is in use.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import logging.config
 import os
+import shlex
+import socket
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from aggregator.auth import ROLES, KeyRing, bootstrap_keys
 from aggregator.observability import uvicorn_log_config
 from aggregator.registry import DEMO_METRICS, load_definitions
 from aggregator.service import Aggregator
-from aggregator.settings import Settings
+from aggregator.settings import Settings, default_database
+from aggregator.storage import SchemaMismatchError
+from shared.schemas import MetricSpec
+
+#: Most metrics the start lists by name (the rest are counted).
+LISTED_METRICS = 20
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,15 +85,18 @@ def main(argv: list[str] | None = None) -> int:
             max_batch_reports=getattr(args, "max_batch_reports", None),
             compaction_interval=getattr(args, "compaction_interval", None),
         )
+        settings = replace(settings, database=absolute_database(settings.database))
         if args.command == "serve":
             return _serve(args, settings)
-        service = Aggregator(settings)
+        service = open_service(settings)
     except ValueError as error:
         parser.exit(2, f"ldp-aggregator: error: {error}\n")
     try:
         if args.command == "compact":
             result = service.compact()
-            print(f"merged {result.rows_merged} partial rows in {result.groups} groups")
+            rows = "row" if result.rows_merged == 1 else "rows"
+            groups = "group" if result.groups == 1 else "groups"
+            print(f"merged {result.rows_merged} partial {rows} in {result.groups} {groups}")
         else:
             key_id, secret = KeyRing(service.storage).create(args.role, args.label)
             print(f"{args.role} key {key_id}: {secret}")
@@ -87,12 +113,137 @@ def _database_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def absolute_database(database: str) -> str:
+    """``database`` with a SQLite file's path made absolute (a URL stays a URL).
+
+    Raises ValueError when the file's directory does not exist, unless the file is the
+    default one (``settings.default_database``), whose directory the first start creates:
+    a mistyped path should not silently become a new, empty database.
+    """
+    hint = ""
+    if "://" not in database:
+        path = Path(database).expanduser().absolute()
+        resolved = str(path)
+    else:
+        try:
+            url = make_url(database)
+        except ArgumentError:
+            raise ValueError(f"--database: {database!r} is neither a path nor a URL") from None
+        file = url.database
+        if url.get_backend_name() != "sqlite" or not file or file == ":memory:":
+            return database  # other databases, and what Storage refuses with its own message
+        given = Path(file).expanduser()
+        path = given.absolute()
+        resolved = url.set(database=str(path)).render_as_string(hide_password=False)
+        if not given.is_absolute():
+            hint = (
+                f" (sqlite:///{file} is relative to the working directory; an "
+                f"absolute path takes four slashes: sqlite:////{file})"
+            )
+    if not path.parent.is_dir() and path != Path(default_database()).expanduser().absolute():
+        raise ValueError(
+            f"the database directory {path.parent} does not exist; create it first{hint}"
+        )
+    return resolved
+
+
+def describe_database(database: str) -> str:
+    """The database for people: a SQLite file's path, or the URL with its password hidden."""
+    if "://" not in database:
+        return f"SQLite file {database}"
+    url = make_url(database)
+    if url.get_backend_name() == "sqlite":
+        return f"SQLite file {url.database}"
+    return _redacted(database)
+
+
+def _redacted(database: str) -> str:
+    return make_url(database).render_as_string(hide_password=True)
+
+
+def open_service(settings: Settings) -> Aggregator:
+    """The ``Aggregator`` over the settings' database; ValueError, in one line, when the
+    database cannot be opened (no server, refused login, a schema of another version)."""
+    try:
+        return Aggregator(settings)
+    except (SQLAlchemyError, SchemaMismatchError) as error:
+        cause = getattr(error, "orig", None) or error
+        reason = " ".join(str(cause).split()) or type(cause).__name__
+        password = make_url(settings.database).password if "://" in settings.database else None
+        if password:  # drivers do not echo it, but a message must never carry it
+            reason = reason.replace(str(password), "***")
+        raise ValueError(
+            f"cannot open the database {describe_database(settings.database)}: {reason}"
+        ) from None
+
+
+def check_address(host: str, port: int) -> None:
+    """Raise ValueError unless the service could listen on ``host:port`` now.
+
+    Binds (with ``SO_REUSEADDR``, as uvicorn does) every address ``host`` resolves to, and
+    lets go at once: a port in use is reported before anything else is done, rather than
+    in the server's log after its start. Another process could still take the port in
+    between; uvicorn then reports it and exits.
+    """
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port must be 0..65535, got {port}")
+    try:
+        addresses = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror as error:
+        raise ValueError(f"--host {host!r}: {error.strerror}") from None
+    for family, kind, protocol, _, address in dict.fromkeys(addresses):
+        with socket.socket(family, kind, protocol) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as error:
+                hint = (
+                    "; another process is listening there: stop it or choose another --port"
+                    if error.errno == errno.EADDRINUSE
+                    else ""
+                )
+                raise ValueError(
+                    f"cannot listen on {_url_host(host)}:{port}: {error.strerror}{hint}"
+                ) from None
+
+
+def startup_summary(
+    args: argparse.Namespace, settings: Settings, metrics: list[MetricSpec]
+) -> str:
+    """What a start tells its operator, once: address, database, metrics, key recovery."""
+    workers = f"{args.workers} worker{'s' * (args.workers != 1)}"
+    names = [f"{m.name} v{m.version} ({m.mechanism.mechanism})" for m in metrics]
+    listed = ", ".join(names[:LISTED_METRICS])
+    if len(names) > LISTED_METRICS:
+        listed += f", and {len(names) - LISTED_METRICS} more"
+    shown = describe_database(settings.database)
+    secret = "://" in settings.database and make_url(settings.database).password is not None
+    target = _redacted(settings.database) if secret else settings.database
+    recover = f"ldp-aggregator create-key --role admin --database {shlex.quote(target)}"
+    if secret:
+        recover += "  (with the password in place of ***)"
+    return (
+        f"ldp-aggregator serving http://{_url_host(args.host)}:{args.port} ({workers})\n"
+        f"  database: {shown}\n"
+        f"  metrics:  {len(metrics)}: {listed or 'none'}\n"
+        f"  admin key lost? make another against the same database:\n"
+        f"    {recover}\n"
+    )
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
     if args.workers < 1:
         raise ValueError("--workers must be at least 1")
     definitions = load_definitions(args.config) if args.config else None
+    check_address(args.host, args.port)
     logging.config.dictConfig(uvicorn_log_config(args.log_level))  # the start's own messages
-    service = Aggregator(settings)
+    service = open_service(settings)
     if args.workers > 1 and service.storage.dialect == "sqlite":
         print(
             "note: SQLite has one writer at a time; several workers share the validation "
@@ -106,6 +257,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         else:
             service.define_missing(DEMO_METRICS)
         created = bootstrap_keys(KeyRing(service.storage), service.storage, os.environ)
+        metrics = service.catalog.latest()
     finally:
         service.close()
     if created is not None:
@@ -114,6 +266,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
             file=sys.stderr,
             flush=True,
         )
+    print(startup_summary(args, settings, metrics), end="", file=sys.stderr, flush=True)
     _export(settings)
     with contextlib.ExitStack() as cleanup:
         if args.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):

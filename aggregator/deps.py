@@ -15,7 +15,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.concurrency import run_in_threadpool
 
-from aggregator.auth import KeyRing, Principal, RateLimiter, Role
+from aggregator.auth import KEY_OF_ROLE, KeyRing, Principal, RateLimiter, Role
 from aggregator.problems import ProblemError
 
 __all__ = ["Admin", "Analyst", "Device", "authorized"]
@@ -50,7 +50,7 @@ def authorized(role: Role) -> Callable[[Request], Awaitable[Principal]]:
                 403,
                 "forbidden",
                 "Not allowed",
-                f"this needs a {role} key; the key given is a {principal.role} key",
+                f"this needs {KEY_OF_ROLE[role]}; the key given is {KEY_OF_ROLE[principal.role]}",
             )
         limiter: RateLimiter = request.app.state.limiter
         wait = limiter.acquire(principal.key_id)

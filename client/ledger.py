@@ -88,6 +88,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -458,7 +459,7 @@ class PrivacyLedger:
             return (
                 f"{metric}: epsilon {epsilon:g} would bring this period's spending on it to "
                 f"{spent + epsilon:g}, above the cap of {limits.per_metric_per_period:g} "
-                f"(the period ends at {status.period_end:.0f})"
+                f"(the period ends at {_utc_text(status.period_end)})"
             )
         if status.spent_this_period + epsilon > limits.total_per_period + tolerance:
             return (
@@ -481,6 +482,16 @@ def _credit(state: dict[str, Any], metric: str, amount: float, lifetime: bool) -
     state["spent_this_period"] = max(0.0, state["spent_this_period"] - amount)
     if lifetime:
         state["spent_lifetime"] = max(0.0, state["spent_lifetime"] - amount)
+
+
+def _utc_text(seconds: float) -> str:
+    """Unix ``seconds`` as an ISO 8601 UTC time to the nearest second, such as
+    ``2026-11-22T10:00:00Z`` (past the year 9999, which ISO 8601 cannot write in four
+    digits, the seconds themselves)."""
+    try:
+        return datetime.fromtimestamp(round(seconds), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (OverflowError, OSError, ValueError):
+        return f"{seconds:.0f} s after 1970-01-01T00:00:00Z"
 
 
 def _checksum(body: str) -> str:

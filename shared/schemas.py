@@ -327,7 +327,8 @@ MAX_CANDIDATES = 100_000
 
 
 class MetricDefinition(BaseModel):
-    """The body of ``PUT /v1/metrics/{name}`` and one metric of a TOML file."""
+    """A metric as its definer gives it: one metric of a TOML file, and the core of the
+    body of ``PUT /v1/metrics/{name}`` (``MetricDocument``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -387,6 +388,34 @@ class MetricSpec(MetricDefinition):
     def same_spec(self, definition: MetricDefinition) -> bool:
         """Whether ``definition`` can share this version (it differs at most in description)."""
         return self.mechanism == definition.mechanism and self.labels == definition.labels
+
+
+class MetricDocument(MetricDefinition):
+    """The body of ``PUT /v1/metrics/{name}``: a definition, or a ``GET /v1/metrics`` item
+    as it is, so that metrics exported from one aggregator load into another unchanged.
+
+    ``name``, when given, must equal the name in the path (the route checks; a different
+    name is refused, never taken as a rename). ``version`` is read-only: the server assigns
+    versions (a new one when the spec or labels change), so a version given is checked to
+    be a version number and otherwise ignored; whatever it says, the reply carries the
+    version the server assigned. Other fields are refused, so that a misspelt field is
+    never silently dropped.
+    """
+
+    name: str | None = Field(
+        default=None, description="Optional; when given, the same name as in the path."
+    )
+    version: int | None = Field(
+        default=None,
+        ge=1,
+        description="Read-only, ignored: the server assigns versions (see the reply).",
+    )
+
+    def definition(self) -> MetricDefinition:
+        """The definition alone, without the name and version it was sent with."""
+        return MetricDefinition(
+            description=self.description, mechanism=self.mechanism, labels=self.labels
+        )
 
 
 # --- reports (the body of POST /v1/reports and its reply) ------------------------------

@@ -1,12 +1,6 @@
 """``ldp-sim frequency`` and ``ldp-sim numeric``: accuracy sweeps against theory.
 
-Both take comma-separated lists for the grid axes and repeat every cell ``--reps``
-times by the ``--path`` chosen (``fast``: statistics drawn from their law, cost
-independent of n; ``exact``: every user encoded). Work runs in this process, on a
-local Dask cluster (``--workers N``) or on an existing one (``--scheduler ADDRESS``);
-the seed fixes the results whatever runs them. ``--out DIR`` receives
-``results.csv`` (one row per cell), ``results.json`` (the rows and every repetition)
-and PNG plots of the error against epsilon with the theory dashed.
+What they run and write is told to users in their ``--help`` (``SWEEP_DETAILS``).
 """
 
 from __future__ import annotations
@@ -22,6 +16,7 @@ from pydantic import ValidationError
 from shared.schemas import CATEGORICAL_MECHANISMS, NUMERIC_MECHANISMS
 from simulations import accuracy, report
 from simulations.populations import parse_categorical_shape, parse_numeric_shape
+from simulations.text import HelpFormatter, counted
 
 __all__ = ["register"]
 
@@ -34,6 +29,27 @@ FREQUENCY_COLUMNS = (
 NUMERIC_COLUMNS = (
     "mechanism epsilon n shape path reps mse variance ratio max_error coverage seconds"
 ).split()
+
+SWEEP_DETAILS = """\
+Every cell of the grid is repeated --reps times. The fast path draws each mechanism's
+sufficient statistics from their exact law, so its cost does not grow with the number
+of users; the exact path encodes every user. Work runs in this process, on a local Dask
+cluster (--workers N) or on an existing one (--scheduler ADDRESS); the seed fixes the
+results whatever runs them.
+
+With --out DIR: results.csv (one row per cell), results.json (the rows and every
+repetition) and PNG plots of the error against epsilon, the theory dashed.
+"""
+FREQUENCY_DESCRIPTION = (
+    "Frequency oracles: the error of each mechanism's frequency estimates against its\n"
+    "analytical variance, over a grid of mechanisms, epsilons, domain sizes, user counts\n"
+    "and data shapes.\n\n" + SWEEP_DETAILS
+)
+NUMERIC_DESCRIPTION = (
+    "Mean estimation: the error of each numeric mechanism's mean against its analytical\n"
+    "variance, over a grid of mechanisms, epsilons, user counts and data shapes.\n\n"
+    + SWEEP_DETAILS
+)
 
 
 def _list_of(kind: Callable[[str], T], what: str) -> Callable[[str], list[T]]:
@@ -91,18 +107,28 @@ def _mechanisms(allowed: frozenset[str] | set[str]) -> Callable[[str], str]:
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--epsilons", type=_list_of(_positive_float, "epsilons"), default=[0.5, 1.0, 2.0, 4.0]
+        "--epsilons",
+        type=_list_of(_positive_float, "epsilons"),
+        default=[0.5, 1.0, 2.0, 4.0],
+        help="privacy budgets, comma-separated",
     )
     parser.add_argument(
         "--users",
         type=_list_of(_users, "user counts"),
         default=[1_000_000],
-        help="n, e.g. 1000000,1e9",
+        help="numbers of users n, comma-separated, e.g. 1000000,1e9",
     )
     parser.add_argument("--reps", type=_positive_int, default=10, help="repetitions per cell")
-    parser.add_argument("--path", choices=["exact", "fast"], default="fast")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, help="directory for results.csv, results.json, plots")
+    parser.add_argument(
+        "--path",
+        choices=["exact", "fast"],
+        default="fast",
+        help="fast: statistics drawn from their law; exact: every user encoded",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of every random draw")
+    parser.add_argument(
+        "--out", type=Path, metavar="DIR", help="directory for results.csv, results.json, plots"
+    )
     parser.add_argument(
         "--workers", type=_positive_int, default=1, help="local Dask workers (1: in-process)"
     )
@@ -117,18 +143,21 @@ def register(subparsers: Any) -> None:
     frequency = subparsers.add_parser(
         "frequency",
         help="frequency oracles: error against theory over a grid",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=FREQUENCY_DESCRIPTION,
+        formatter_class=HelpFormatter,
     )
     categorical = sorted(CATEGORICAL_MECHANISMS)
     frequency.add_argument(
         "--mechanisms",
         type=_list_of(_mechanisms(set(categorical)), "mechanisms"),
         default=[m for m in categorical if m != "auto"],
-        help=f"from {','.join(categorical)}",
+        help=f"comma-separated, from {','.join(categorical)}",
     )
     frequency.add_argument(
-        "--domain-sizes", type=_list_of(_positive_int, "domain sizes"), default=[16, 1024]
+        "--domain-sizes",
+        type=_list_of(_positive_int, "domain sizes"),
+        default=[16, 1024],
+        help="numbers of categories d, comma-separated",
     )
     frequency.add_argument(
         "--shape",
@@ -142,18 +171,18 @@ def register(subparsers: Any) -> None:
     numeric = subparsers.add_parser(
         "numeric",
         help="mean estimation: error against theory over a grid",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=NUMERIC_DESCRIPTION,
+        formatter_class=HelpFormatter,
     )
     numeric_names = sorted(NUMERIC_MECHANISMS)
     numeric.add_argument(
         "--mechanisms",
         type=_list_of(_mechanisms(set(numeric_names)), "mechanisms"),
         default=numeric_names,
-        help=f"from {','.join(numeric_names)}",
+        help=f"comma-separated, from {','.join(numeric_names)}",
     )
-    numeric.add_argument("--lower", type=float, default=0.0)
-    numeric.add_argument("--upper", type=float, default=1.0)
+    numeric.add_argument("--lower", type=float, default=0.0, help="lowest value (clipped)")
+    numeric.add_argument("--upper", type=float, default=1.0, help="highest value (clipped)")
     numeric.add_argument(
         "--shape",
         action="append",
@@ -257,5 +286,5 @@ def _finish(
         ]
         report.write_json(args.out / "results.json", {"cells": rows, "repetitions": repetitions})
         plots = report.plot_error_against_epsilon(rows, args.out, prefix, group_by)
-        print(f"wrote {args.out / 'results.csv'}, results.json and {len(plots)} plot(s)")
+        print(f"wrote {args.out / 'results.csv'}, results.json and {counted(len(plots), 'plot')}")
     return 0

@@ -1,18 +1,9 @@
-"""``ldp-sim``: simulations that plan a deployment and check it against the theory.
+"""The ``ldp-sim`` command: simulations that plan a deployment and check it against theory.
 
-Subcommands (``ldp-sim COMMAND --help`` for each):
-
-* ``frequency``: frequency oracles over a grid of mechanisms, epsilons, domain sizes,
-  user counts and data shapes, error against theory (``simulations/accuracy_commands.py``);
-* ``numeric``: the same for mean estimation;
-* ``federated``: private federated learning, accuracy against epsilon and the number of
-  clients, in-process or over HTTP (``simulations/federated.py``);
-* ``fleet``: simulated devices through the client SDK against a real aggregator
-  (``simulations/fleet.py``).
-
-Each module adds its own subcommand with ``register(subparsers)`` and sets the defaults
-``run``, a function of the parsed arguments and the subcommand's parser returning the
-exit code, and ``command_parser``, that parser (for errors that name the subcommand).
+Each subcommand lives in its own module and adds itself with ``register(subparsers)``,
+setting the defaults ``run`` (a function of the parsed arguments and the subcommand's
+parser, returning the exit code) and ``command_parser`` (that parser, so that errors
+name the subcommand). What ``ldp-sim --help`` shows is ``DESCRIPTION``, in plain text.
 """
 
 from __future__ import annotations
@@ -20,10 +11,20 @@ from __future__ import annotations
 import argparse
 import sys
 
-__all__ = ["build_parser", "main"]
+from simulations.text import HelpFormatter
 
-#: What ``pip install 'ldp-telemetry[sim]'`` adds and the simulations import.
+__all__ = ["DESCRIPTION", "build_parser", "main"]
+
+#: What the ``sim`` extra adds and the simulations import.
 SIMULATION_EXTRAS = ("tqdm", "matplotlib", "dask", "distributed", "sklearn")
+#: How to install the extra from a checkout (the package is not published on an index).
+INSTALL_EXTRAS = "pip install -e '.[sim]' (run in the repository root)"
+
+DESCRIPTION = """\
+Simulations that plan a deployment of local differential privacy and check it against
+the theory. Every subcommand prints a table; with --out DIR it also writes CSV and JSON
+results and PNG plots. Run 'ldp-sim COMMAND --help' for the options of each.
+"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,10 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="ldp-sim",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=DESCRIPTION,
+        formatter_class=HelpFormatter,
     )
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    subparsers = parser.add_subparsers(
+        title="commands", dest="command", required=True, metavar="COMMAND"
+    )
     accuracy_commands.register(subparsers)
     federated.register(subparsers)
     fleet.register(subparsers)
@@ -48,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         if error.name not in SIMULATION_EXTRAS:
             raise
         print(
-            f"ldp-sim needs the simulation extras (missing {error.name!r}): "
-            "pip install 'ldp-telemetry[sim]'",
+            f"ldp-sim needs the simulation extras (missing {error.name!r}); "
+            f"install them with: {INSTALL_EXTRAS}",
             file=sys.stderr,
         )
         return 2

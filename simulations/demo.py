@@ -15,6 +15,7 @@ import numpy as np
 
 from shared.mechanisms import make_mechanism
 from shared.schemas import CATEGORICAL_MECHANISMS, NUMERIC_MECHANISMS, MechanismSpec
+from simulations.text import counted
 
 BROWSERS = ["chrome", "safari", "edge", "firefox", "samsung", "opera", "brave", "other"]
 SHARES = np.array([0.42, 0.24, 0.12, 0.08, 0.06, 0.04, 0.03, 0.01])
@@ -25,7 +26,8 @@ def categorical_demo(users: int, epsilon: float, rng: np.random.Generator) -> No
     truth = np.bincount(values, minlength=len(BROWSERS)) / users
     names = sorted(CATEGORICAL_MECHANISMS - {"auto"}) + ["auto"]
     print(
-        f"Favourite browser of {users:,} users, epsilon = {epsilon} (frequency, ±95% CI half-width)"
+        f"Favourite browser of {counted(users, 'user')}, epsilon = {epsilon} "
+        "(frequency, ±95% CI half-width)"
     )
     header = f"{'category':<10}{'truth':>8}" + "".join(f"{name:>17}" for name in names)
     print(header)
@@ -52,7 +54,10 @@ def numeric_demo(users: int, epsilon: float, rng: np.random.Generator) -> None:
     minutes = rng.lognormal(mean=2.0, sigma=0.8, size=users)
     lower, upper = 0.0, 60.0
     truth = np.clip(minutes, lower, upper).mean()
-    print(f"\nMean session length (minutes, clipped to [{lower:g}, {upper:g}]) of {users:,} users")
+    print(
+        f"\nMean session length (minutes, clipped to [{lower:g}, {upper:g}]) "
+        f"of {counted(users, 'user')}"
+    )
     print(f"{'mechanism':<11}{'truth':>9}{'estimate':>10}{'95% CI':>22}")
     for name in sorted(NUMERIC_MECHANISMS):
         spec = MechanismSpec.model_validate(

@@ -48,6 +48,7 @@ from shared.federated.models import ModelSpec, evaluate, make_model
 from shared.federated.privacy import privatize
 from shared.federated.task import TaskConfig, TaskState
 from simulations import report
+from simulations.text import HelpFormatter, counted
 
 if TYPE_CHECKING:
     from client.federated import FederatedClient, RoundInfo
@@ -346,27 +347,62 @@ def _clients(text: str) -> int:
     return value
 
 
+DESCRIPTION = """\
+Private federated learning: the test accuracy of the global model against the target
+epsilon and the number of clients, for each privacy mode (none: plain FedAvg; local,
+central, distributed: user-level differential privacy).
+
+Datasets (from scikit-learn, nothing downloaded): digits, the 8x8 handwritten digits
+(1,797 images, 10 classes, 20% held out); synthetic, a 4-class task with two training
+examples per client, meant for 100,000 clients. Partitions: iid (equal shuffled shares)
+or label-skew (sorted by label, then cut, so that a client holds one or two classes).
+
+Every round each client takes part with a fixed probability, trains locally from the
+global model, clips and noises its update, and the round is aggregated and its privacy
+cost charged. Runs in this process, or with --over-http through a real aggregator.
+
+With --out DIR: results.csv (one row per run), rounds.csv (accuracy per round),
+results.json and accuracy.png (final accuracy against epsilon).
+"""
+
+
 def register(subparsers: Any) -> None:
     """Add the ``federated`` subcommand."""
     parser = subparsers.add_parser(
         "federated",
         help="private federated learning: accuracy against epsilon and clients",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=DESCRIPTION,
+        formatter_class=HelpFormatter,
     )
-    parser.add_argument("--datasets", type=_list(str, DATASETS), default=["digits"])
-    parser.add_argument("--clients", type=_list(_clients), default=[100, 1000])
-    parser.add_argument("--partition", type=_list(str, PARTITIONS), default=["iid"])
-    parser.add_argument("--modes", type=_list(str, MODES), default=list(MODES))
+    parser.add_argument(
+        "--datasets", type=_list(str, DATASETS), default=["digits"],
+        help=f"comma-separated, from {','.join(DATASETS)}",
+    )  # fmt: skip
+    parser.add_argument(
+        "--clients", type=_list(_clients), default=[100, 1000],
+        help="numbers of clients, comma-separated",
+    )  # fmt: skip
+    parser.add_argument(
+        "--partition", type=_list(str, PARTITIONS), default=["iid"],
+        help=f"comma-separated, from {','.join(PARTITIONS)}",
+    )  # fmt: skip
+    parser.add_argument(
+        "--modes", type=_list(str, MODES), default=list(MODES),
+        help=f"privacy modes, comma-separated, from {','.join(MODES)}",
+    )  # fmt: skip
     parser.add_argument(
         "--epsilons", type=_list(_epsilon), default=[1.0, 3.0, 8.0, math.inf],
-        help="target epsilons; inf: clipping without noise",
+        help="target epsilons, comma-separated; inf: clipping without noise",
     )  # fmt: skip
-    parser.add_argument("--rounds", type=_clients, default=100)
-    parser.add_argument("--delta", type=float, default=1e-5)
-    parser.add_argument("--model", choices=["logistic", "mlp"], default="logistic")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, help="directory for the CSV, JSON and plot")
+    parser.add_argument("--rounds", type=_clients, default=100, help="training rounds per run")
+    parser.add_argument("--delta", type=float, default=1e-5, help="the delta of (epsilon, delta)")
+    parser.add_argument(
+        "--model", choices=["logistic", "mlp"], default="logistic", help="the model trained"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the data and training")
+    parser.add_argument(
+        "--out", type=Path, metavar="DIR", help="directory for the CSV, JSON and plot"
+    )
     parser.add_argument("--over-http", action="store_true", help="through a real aggregator")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(run=_run, command_parser=parser)
@@ -410,7 +446,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                     data, mode, epsilon, args.rounds, args.delta, args.model, args.seed
                 )
             except ValueError as error:
-                parser.error(f"{dataset} over {clients} clients, {mode}: {error}")
+                parser.error(f"{dataset} over {counted(clients, 'client')}, {mode}: {error}")
             if server is None:
                 runs.append(run_task(data, config, epsilon, args.seed))
             else:
@@ -458,14 +494,14 @@ def plot_accuracy(rows: list[dict[str, Any]], path: Path) -> None:
             (row["mode"], row["clients"], row["dataset"], row["partition"]), []
         ).append(row)
     for index, ((mode, clients, dataset, partition), group) in enumerate(sorted(groups.items())):
-        label = f"{mode}, {clients} clients ({dataset}, {partition})"
+        label = f"{mode}, {counted(clients, 'client')} ({dataset}, {partition})"
         points = sorted(group, key=lambda r: r["target_epsilon"])
         xs = [r["target_epsilon"] if math.isfinite(r["target_epsilon"]) else right for r in points]
         ys = [r["final_accuracy"] for r in points]
         if mode == "none":
             axes.axhline(ys[0], linestyle=":", color=f"C{index % 10}", label=label)
         else:
-            axes.plot(xs, ys, "o-", color=f"C{index % 10}", label=label)
+            axes.plot(xs, ys, label=label, **report.series_style(index))
     axes.set_xscale("log")
     ticks = finite + [right]
     axes.set_xticks(ticks, [f"{t:g}" for t in finite] + ["inf"])
@@ -474,7 +510,4 @@ def plot_accuracy(rows: list[dict[str, Any]], path: Path) -> None:
     axes.set_ylim(0, 1)
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize="x-small", loc="lower right")
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    report.save_figure(figure, path)

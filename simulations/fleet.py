@@ -19,7 +19,8 @@ Reported: the throughput (records per second while recording, reports per second
 end including the final flush), and the estimate against the truth: for a categorical
 metric the MSE beside its analytical value ``mean_v Var[f_v]``, the largest error and
 the share of 95% intervals that cover the truth; for a numeric one the error, the std
-and whether the interval covers.
+and whether the interval covers. ``fleet.png`` draws the estimate with its 95% intervals
+beside the truth (:func:`estimate_figure`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
@@ -43,8 +44,35 @@ from shared.schemas import CATEGORICAL_MECHANISMS, NUMERIC_MECHANISMS, Mechanism
 from simulations import report
 from simulations.populations import parse_categorical_shape, parse_numeric_shape
 from simulations.server import start_server
+from simulations.text import HelpFormatter, counted
 
-__all__ = ["register"]
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["estimate_figure", "register"]
+
+#: The two-sided 95% normal quantile, as the aggregator's intervals use.
+Z95 = 1.959964
+
+DESCRIPTION = """\
+Simulated devices report through the client SDK to a real aggregator: the check before
+(or beside) a real deployment. Each device records one value drawn from --shape with the
+SDK (spec fetched from the aggregator, privacy budget debited, value perturbed with the
+operating system's secure randomness, uploaded over HTTP), and the aggregator's
+published estimate is compared with the truth.
+
+Without --endpoint it starts 'ldp-aggregator serve' on a free local port with a
+temporary SQLite database and stops it afterwards; with --endpoint it uses that
+aggregator and the keys given.
+
+Devices are simulated by --groups client objects, each with its own state directory,
+--threads of them recording at once. Every record draws fresh randomness, so the
+aggregator sees one independent report per device.
+
+Printed: throughput (records per second while recording, reports per second end to end)
+and the error of the estimate against the truth, beside its theory. With --out DIR:
+fleet.csv, fleet.json and fleet.png (the estimate with 95% intervals beside the truth).
+"""
 
 
 def register(subparsers: Any) -> None:
@@ -52,13 +80,15 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "fleet",
         help="simulated devices through the SDK against a real aggregator",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=DESCRIPTION,
+        formatter_class=HelpFormatter,
     )
     mechanisms = sorted((CATEGORICAL_MECHANISMS | NUMERIC_MECHANISMS) - {"auto"})
     parser.add_argument("--devices", type=int, default=10_000, help="simulated devices")
-    parser.add_argument("--mechanism", choices=mechanisms, default="grr")
-    parser.add_argument("--epsilon", type=float, default=1.0)
+    parser.add_argument(
+        "--mechanism", choices=mechanisms, default="grr", help="the metric's mechanism"
+    )
+    parser.add_argument("--epsilon", type=float, default=1.0, help="the metric's epsilon")
     parser.add_argument("--domain-size", type=int, default=16, help="categorical metrics")
     parser.add_argument("--lower", type=float, default=0.0, help="numeric metrics")
     parser.add_argument("--upper", type=float, default=1.0, help="numeric metrics")
@@ -69,11 +99,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--groups", type=int, default=100, help="client objects (state dirs)")
     parser.add_argument("--threads", type=int, default=4, help="groups recording at once")
     parser.add_argument("--endpoint", help="an existing aggregator (default: start one)")
-    parser.add_argument("--admin-key")
-    parser.add_argument("--device-key")
-    parser.add_argument("--analyst-key")
+    parser.add_argument("--admin-key", help="with --endpoint: defines the metric")
+    parser.add_argument("--device-key", help="with --endpoint: uploads the reports")
+    parser.add_argument("--analyst-key", help="with --endpoint: reads the estimate")
     parser.add_argument("--seed", type=int, default=0, help="seed of the population")
-    parser.add_argument("--out", type=Path, help="directory for fleet.csv and fleet.json")
+    parser.add_argument(
+        "--out", type=Path, metavar="DIR", help="directory for fleet.csv, fleet.json, fleet.png"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(run=_run, command_parser=parser)
 
@@ -134,11 +166,16 @@ def _record_group(
     return recording, delivered
 
 
+def _true_frequencies(values: np.ndarray, domain_size: int) -> np.ndarray:
+    """The share of devices holding each category 0..d-1."""
+    return np.bincount(values.astype(np.int64), minlength=domain_size) / values.size
+
+
 def _compare(spec: MechanismSpec, values: np.ndarray, estimate: dict[str, Any]) -> dict[str, float]:
     mech = make_mechanism(spec)
     n = int(estimate["n"])
     if isinstance(mech, CategoricalMechanism):
-        truth = np.bincount(values.astype(np.int64), minlength=mech.domain_size) / values.size
+        truth = _true_frequencies(values, mech.domain_size)
         rows = sorted(estimate["estimates"], key=lambda row: row["index"])
         frequencies = np.array([row["frequency"] for row in rows])
         std = np.array([row["std"] for row in rows])
@@ -149,7 +186,7 @@ def _compare(spec: MechanismSpec, values: np.ndarray, estimate: dict[str, Any]) 
             "mse": float(np.mean(error**2)),
             "variance": float(theory),
             "max_error": float(np.max(np.abs(error))),
-            "coverage": float(np.mean(np.abs(error) <= 1.959964 * std)),
+            "coverage": float(np.mean(np.abs(error) <= Z95 * std)),
         }
     assert isinstance(mech, NumericMechanism)
     truth_mean = float(np.mean(values))
@@ -160,8 +197,50 @@ def _compare(spec: MechanismSpec, values: np.ndarray, estimate: dict[str, Any]) 
         "error": mean_error,
         "std": float(estimate["std"]),
         "variance": float(np.mean(mech.report_variance(values))) / n,
-        "coverage": float(abs(mean_error) <= 1.959964 * float(estimate["std"])),
+        "coverage": float(abs(mean_error) <= Z95 * float(estimate["std"])),
     }
+
+
+def estimate_figure(spec: MechanismSpec, values: np.ndarray, estimate: dict[str, Any]) -> Figure:
+    """The aggregator's published ``estimate`` beside the truth of the simulated ``values``.
+
+    Categorical: the true frequency of each category as a bar, the unbiased estimate as a
+    point and its 95% interval [``ci_low``, ``ci_high``] (f +- 1.96 std) as a vertical line.
+    Numeric: the true mean as a horizontal line, the estimated mean and its 95% interval.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.4))
+    if spec.mechanism in NUMERIC_MECHANISMS:
+        axes.axhline(float(np.mean(values)), color="C0", label="true mean")
+        axes.vlines([0], [estimate["ci_low"]], [estimate["ci_high"]], color="C1")
+        axes.plot([0], [estimate["mean"]], "o", color="C1", label="estimate, 95% interval")
+        axes.set_xticks([])
+        axes.set_ylabel("mean")
+    else:
+        rows = sorted(estimate["estimates"], key=lambda row: row["index"])
+        index = np.array([row["index"] for row in rows])
+        truth = _true_frequencies(values, len(rows))
+        axes.bar(index, truth, color="C0", alpha=0.4, label="truth")
+        axes.vlines(
+            index, [row["ci_low"] for row in rows], [row["ci_high"] for row in rows], color="C1"
+        )
+        axes.plot(
+            index, [row["frequency"] for row in rows], "o", ms=3, color="C1",
+            label="estimate, 95% interval",
+        )  # fmt: skip
+        axes.axhline(0.0, color="grey", linewidth=0.6)
+        axes.set_xlabel("category index")
+        axes.set_ylabel("frequency")
+    axes.set_title(
+        f"{spec.mechanism}, epsilon={spec.epsilon:g}, {counted(int(estimate['n']), 'report')}"
+    )
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize="small")
+    return figure
 
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -182,7 +261,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             server = start_server(str(workdir / "aggregator.sqlite3"), workdir)
             url, keys = server.url, server.keys
         try:
-            row = _drive(args, spec, values, metric, url, keys, workdir)
+            row, estimate = _drive(args, spec, values, metric, url, keys, workdir)
         finally:
             if server is not None:
                 server.stop()
@@ -191,7 +270,8 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.out is not None:
         report.write_csv(args.out / "fleet.csv", [row])
         report.write_json(args.out / "fleet.json", row)
-        print(f"wrote {args.out / 'fleet.csv'} and fleet.json")
+        report.save_figure(estimate_figure(spec, values, estimate), args.out / "fleet.png")
+        print(f"wrote {args.out / 'fleet.csv'}, fleet.json and fleet.png")
     return 0
 
 
@@ -203,9 +283,10 @@ def _drive(
     url: str,
     keys: dict[str, str],
     workdir: Path,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Define the metric, run the fleet, fetch the estimate: (the result row, the estimate)."""
     definition = {
-        "description": f"ldp-sim fleet: {args.devices} simulated devices",
+        "description": f"ldp-sim fleet: {counted(args.devices, 'simulated device')}",
         "mechanism": spec.model_dump(mode="json"),
     }
     with httpx.Client(base_url=url, timeout=60.0) as http:
@@ -241,7 +322,7 @@ def _drive(
             raise RuntimeError(f"the estimate failed: {response.status_code} {response.text}")
         estimate = response.json()
     recording = sum(seconds for seconds, _ in outcomes) / min(args.threads, len(groups))
-    return {
+    row = {
         "metric": metric,
         "mechanism": spec.mechanism,
         "epsilon": spec.epsilon,
@@ -253,3 +334,4 @@ def _drive(
         "seconds": elapsed,
         **_compare(spec, values, estimate),
     }
+    return row, estimate

@@ -2,8 +2,9 @@
 
 Rows are plain dicts with the same keys (one per cell, see
 :func:`simulations.accuracy.summarize`). Plots draw the measured error against
-epsilon, one solid line per mechanism and its theory dashed in the same colour, one
-figure per combination of the other grid axes (domain size, n, shape).
+epsilon, one line per mechanism (its own colour, marker and line style) and its theory
+dashed in the same colour, one figure per combination of the other grid axes (domain
+size, n, shape).
 """
 
 from __future__ import annotations
@@ -13,9 +14,20 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["format_table", "plot_error_against_epsilon", "write_csv", "write_json"]
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "error_figure",
+    "format_table",
+    "plot_error_against_epsilon",
+    "save_figure",
+    "series_style",
+    "write_csv",
+    "write_json",
+]
 
 
 def _cell(value: Any) -> str:
@@ -63,41 +75,80 @@ def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(clean(data), indent=2) + "\n")
 
 
-def plot_error_against_epsilon(
-    rows: Sequence[dict[str, Any]], out_dir: Path, prefix: str, group_by: Sequence[str]
-) -> list[Path]:
-    """One PNG per value of ``group_by``: MSE against epsilon, theory dashed."""
+#: Measured lines: mechanism i gets colour Ci, MARKERS[i] (open, so that points drawn over
+#: each other stay visible) and LINE_STYLES[i], so that mechanisms with equal errors (auto
+#: picks oue or olh, whose variances match) remain distinguishable where their lines
+#: coincide. The theory is always thin and dashed, a style no measured line uses.
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")
+LINE_STYLES: tuple[str | tuple[int, tuple[int, ...]], ...] = (
+    "-", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)), (0, (8, 2)),
+)  # fmt: skip
+THEORY_STYLE = "--"
+
+
+def series_style(index: int) -> dict[str, Any]:
+    """Matplotlib keywords of the ``index``-th measured line (a mechanism, a training setup).
+
+    Marker and line style are each distinct among consecutive mechanisms, and the pair is
+    distinct for the first ``lcm(len(MARKERS), len(LINE_STYLES))`` = 30.
+    """
+    return {
+        "color": f"C{index % 10}",
+        "marker": MARKERS[index % len(MARKERS)],
+        "linestyle": LINE_STYLES[index % len(LINE_STYLES)],
+        "markerfacecolor": "none",
+    }
+
+
+def error_figure(rows: Sequence[dict[str, Any]], title: str) -> Figure:
+    """MSE against epsilon for the mechanisms in ``rows``, each with its theory dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    figure, axes = plt.subplots(figsize=(6.4, 4.4))
+    mechanisms = list(dict.fromkeys(row["mechanism"] for row in rows))
+    for index, mechanism in enumerate(mechanisms):
+        mine = sorted((r for r in rows if r["mechanism"] == mechanism), key=lambda r: r["epsilon"])
+        eps = [r["epsilon"] for r in mine]
+        style = series_style(index)
+        axes.plot(eps, [r["mse"] for r in mine], label=mechanism, **style)
+        axes.plot(
+            eps, [r["variance"] for r in mine], THEORY_STYLE, color=style["color"],
+            linewidth=1.0, alpha=0.7,
+        )  # fmt: skip
+    axes.set_xlabel("epsilon")
+    axes.set_ylabel("mean squared error (dashed: theory)")
+    axes.set_yscale("log")
+    axes.set_title(title)
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(fontsize="small")
+    return figure
+
+
+def save_figure(figure: Figure, path: Path) -> None:
+    """Write ``figure`` as a PNG at ``path`` (creating its directory) and release it."""
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def plot_error_against_epsilon(
+    rows: Sequence[dict[str, Any]], out_dir: Path, prefix: str, group_by: Sequence[str]
+) -> list[Path]:
+    """One PNG per value of ``group_by`` (:func:`error_figure`); the paths written."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for row in rows:
         groups.setdefault(tuple(row[key] for key in group_by), []).append(row)
     written = []
     for key, group in groups.items():
-        figure, axes = plt.subplots(figsize=(6.4, 4.4))
-        mechanisms = list(dict.fromkeys(row["mechanism"] for row in group))
-        for index, mechanism in enumerate(mechanisms):
-            mine = sorted(
-                (r for r in group if r["mechanism"] == mechanism), key=lambda r: r["epsilon"]
-            )
-            eps = [r["epsilon"] for r in mine]
-            colour = f"C{index % 10}"
-            axes.plot(eps, [r["mse"] for r in mine], "o-", color=colour, label=mechanism)
-            axes.plot(eps, [r["variance"] for r in mine], "--", color=colour, alpha=0.7)
-        axes.set_xlabel("epsilon")
-        axes.set_ylabel("mean squared error (dashed: theory)")
-        axes.set_yscale("log")
-        axes.set_title(", ".join(f"{k}={v}" for k, v in zip(group_by, key, strict=True)))
-        axes.grid(True, which="both", alpha=0.3)
-        axes.legend(fontsize="small")
+        title = ", ".join(f"{k}={v}" for k, v in zip(group_by, key, strict=True))
         name = "_".join([prefix] + [f"{k}-{v}" for k, v in zip(group_by, key, strict=True)])
         path = out_dir / (name.replace(":", "-").replace("/", "-").replace(" ", "") + ".png")
-        out_dir.mkdir(parents=True, exist_ok=True)
-        figure.tight_layout()
-        figure.savefig(path, dpi=110)
-        plt.close(figure)
+        save_figure(error_figure(group, title), path)
         written.append(path)
     return written

@@ -96,6 +96,7 @@ from shared.mechanisms import make_mechanism
 from shared.schemas import MechanismSpec
 from simulations import server
 from simulations.server import Server, free_port  # noqa: F401  (re-exported for the client benchmark)
+from simulations.text import counted
 
 BATCH = 1000
 TARGET_RATE = 100_000.0
@@ -733,7 +734,7 @@ def time_stages(
             result = service.ingest(batch)
             t2 = time.perf_counter()
             if result.accepted != BATCH:
-                raise RuntimeError(f"batch {i}: {result.accepted} of {BATCH} reports accepted")
+                raise RuntimeError(f"batch {i}: {result.accepted} of {counted(BATCH, 'report')} accepted")
             if i < warmup:
                 continue
             values = (
@@ -790,7 +791,9 @@ def round_trip(
         server.stop()
     count = after[1] - before[1]
     if count != len(times):
-        raise RuntimeError(f"the server counted {count} batches, {len(times)} were posted")
+        raise RuntimeError(
+            f"the server counted {counted(count, 'batch', 'batches')}, {len(times)} were posted"
+        )
     return times, [1000.0 * (after[0] - before[0]) / count]
 
 
@@ -1050,7 +1053,8 @@ def main(argv: list[str] | None = None) -> int:
     for backend, reason in plan.skipped.items():
         print(f"skipping {backend}: not reachable at {plan.postgres}: {reason}")
     print(
-        f"{os.cpu_count()} cores shared by the server, {plan.senders} senders and the database; "
+        f"{os.cpu_count()} cores shared by the server, {counted(plan.senders, 'sender')} and "
+        "the database; "
         f"batches of {BATCH:,} GRR reports (d={SPEC['domain_size']}), "
         f"{plan.duration:g} s per configuration ({plan.warmup:g} s warm-up not counted)"
     )
@@ -1063,7 +1067,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         pool = SenderPool(plan.senders, per_sender, plan.seed)
         print(
-            f"built {per_sender * plan.senders:,} bodies of {BATCH:,} reports in "
+            f"built {per_sender * plan.senders:,} bodies of {counted(BATCH, 'report')} in "
             f"{time.perf_counter() - started:.1f} s\n"
         )
         try:
@@ -1110,7 +1114,8 @@ def main(argv: list[str] | None = None) -> int:
                 plan.patience,
             )
             print(
-                f"\nWhere a batch's time goes (SQLite, durable; {plan.profile_batches} batches "
+                "\nWhere a batch's time goes (SQLite, durable; "
+                f"{counted(plan.profile_batches, 'batch', 'batches')} "
                 "per cell in process, as many again served)"
             )
             print_stages(stage_rows)
@@ -1128,7 +1133,8 @@ def main(argv: list[str] | None = None) -> int:
         rate_verdict = "met" if best.rate >= TARGET_RATE else "MISSED"
         print(
             f"sqlite: >= {TARGET_RATE:,.0f} reports/s sustained on {os.cpu_count()} cores: best "
-            f"{best.rate:,.0f} ({best.workers} workers, {best.senders} senders) {rate_verdict}"
+            f"{best.rate:,.0f} ({counted(best.workers, 'worker')}, "
+            f"{counted(best.senders, 'sender')}) {rate_verdict}"
         )
         p99_verdict = "met" if best.p99_ms < TARGET_P99_MS else "MISSED"
         print(
@@ -1140,7 +1146,8 @@ def main(argv: list[str] | None = None) -> int:
     for row in ingest_rows:
         if not row.error and not row.n_ok:
             print(
-                f"MISMATCH: {row.backend}, {row.workers} workers: estimate n {row.estimate_n:,}, "
+                f"MISMATCH: {row.backend}, {counted(row.workers, 'worker')}: "
+                f"estimate n {row.estimate_n:,}, "
                 f"posted {row.posted:,}, acknowledged {row.acknowledged:,}, errors {row.errors}"
             )
     if output is not None:

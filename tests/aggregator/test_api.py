@@ -174,6 +174,10 @@ def assert_matches(body: dict[str, Any], mech: Mechanism, stats: Any, labels: An
         assert body["kind"] == "numeric"
         assert (body["mean"], body["std"]) == (expected.mean, expected.std)
         assert (body["ci_low"], body["ci_high"]) == (low, high)
+        assert body["std_method"] == expected.std_method
+        assert body["population_std"] == expected.population_std
+        population = (body["population_ci_low"], body["population_ci_high"])
+        assert population == expected.ci(0.95, population=True)
         assert (body["lower"], body["upper"]) == (mech.spec.lower, mech.spec.upper)
         assert body["postprocessed_mean"] == expected.postprocessed()
         return
@@ -260,9 +264,10 @@ def test_metrics_are_public_and_versioned(api: Api) -> None:
 def test_defining_a_metric_needs_an_admin_key(api: Api) -> None:
     body = {"mechanism": GRR3}
     assert_problem(api.client.put("/v1/metrics/m", json=body), 401, "unauthorized")
-    for role in ("device", "analyst"):
+    for role, given in (("device", "a device key"), ("analyst", "an analyst key")):
         response = api.client.put("/v1/metrics/m", json=body, headers=api.auth(role))
-        assert_problem(response, 403, "forbidden")
+        problem = assert_problem(response, 403, "forbidden")
+        assert problem["detail"] == f"this needs an admin key; the key given is {given}"
     assert api.client.get("/v1/metrics").json() == []
     assert api.client.put("/v1/metrics/m", json=body, headers=api.auth("admin")).status_code == 201
 
@@ -582,12 +587,16 @@ def test_authentication_and_roles(api: Api) -> None:
     )
     assert_problem(wrong, 401, "unauthorized")
     assert "invalid_token" in wrong.headers["www-authenticate"]
-    assert_problem(api.post(batch["reports"], role="analyst"), 403, "forbidden")
+    refused_batch = assert_problem(api.post(batch["reports"], role="analyst"), 403, "forbidden")
+    assert refused_batch["detail"] == "this needs a device key; the key given is an analyst key"
     # A refused batch is not stored: the device's send afterwards is wholly new.
     assert api.storage.report_count() == 0
     assert api.post(batch["reports"]).json() == {"accepted": 3, "duplicates": 0}
 
-    assert_problem(api.client.get("/v1/metrics/colour/estimate", headers=api.auth("device")), 403)
+    by_device = api.client.get("/v1/metrics/colour/estimate", headers=api.auth("device"))
+    assert assert_problem(by_device, 403)["detail"] == (
+        "this needs an analyst key; the key given is a device key"
+    )
     assert_problem(api.client.get("/v1/metrics/colour/estimate"), 401)
     # The admin may do what the other roles do.
     assert api.post(reports("colour", 1, [{"value": 1}]), role="admin").status_code == 200

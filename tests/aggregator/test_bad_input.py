@@ -695,6 +695,8 @@ BAD_DEFINITIONS: list[tuple[str, str, bytes | dict[str, Any]]] = [
     ),
     ("rappor p above q", "m", {"mechanism": {**SPECS["rappor"], "p": 0.8}}),
     ("extra field", "m", {"mechanism": GRR, "owner": "team"}),
+    ("name disagrees with the path", "m", {"name": "n", "mechanism": GRR}),
+    ("version zero", "m", {"name": "m", "version": 0, "mechanism": GRR}),
     ("malformed JSON", "m", b'{"mechanism": '),
     ("not an object", "m", b"[]"),
 ]

@@ -144,6 +144,18 @@ def test_keys_from_the_api_and_revocations_by_an_admin_are_left_alone(
     assert principal is not None and principal.role == "device"
 
 
+def test_a_key_listed_for_another_role_is_named_with_its_role(
+    keys: tuple[KeyRing, Storage],
+) -> None:
+    ring, storage = keys
+    analyst_id, analyst = ring.create("analyst", "dashboard")
+    changes = sync_environment_keys(ring, storage, {"LDP_DEVICE_KEYS": analyst})
+    assert changes.refused == [
+        f"a key listed in LDP_DEVICE_KEYS is stored as an analyst key (id {analyst_id}); "
+        "a key keeps its role: list a new key"
+    ]
+
+
 @pytest.mark.parametrize(
     "environment, message",
     [

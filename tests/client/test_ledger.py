@@ -140,6 +140,18 @@ def test_every_cap_refuses_and_debits_nothing(tmp_path: Path, case: str) -> None
         ledger.debit(*still_allowed)
 
 
+def test_the_period_cap_refusal_says_when_the_period_ends_in_utc(tmp_path: Path) -> None:
+    # 1_795_626_000 s after the epoch is 2026-11-25T17:00:00Z; the first period ends PERIOD
+    # seconds later.
+    limits, clock = make_limits(), FakeClock(1_795_626_000.0)
+    ledger = PrivacyLedger(tmp_path, limits, clock=clock)
+    assert ledger.status().period_end == 1_795_626_000.0 + PERIOD
+    ledger.debit("a", 1.0)
+    with pytest.raises(BudgetExhaustedError) as refused:
+        ledger.debit("a", 0.5)
+    assert str(refused.value).endswith("(the period ends at 2026-11-25T17:16:40Z)")
+
+
 @pytest.mark.parametrize("epsilon", [0.0, -0.5, math.nan, math.inf])
 def test_nonsense_epsilon_is_an_error_and_debits_nothing(tmp_path: Path, epsilon: float) -> None:
     limits, clock = make_limits(), FakeClock()

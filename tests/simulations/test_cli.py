@@ -1,14 +1,22 @@
-"""``ldp-sim frequency``, ``numeric`` and ``fleet`` run as a user runs them."""
+"""``ldp-sim frequency``, ``numeric`` and ``fleet`` run as a user runs them; help and output
+read as plain text (defaults shown, counts pluralized), and the plots tell lines apart."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from simulations import report
+from simulations.cli import build_parser
+from simulations.text import counted, shown
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -108,3 +116,142 @@ def test_fleet_against_a_real_aggregator(tmp_path: Path) -> None:
     assert row["delivered"] == "True"
     # MSE over 4 items: at most ~20x its expectation but with negligible probability.
     assert float(row["mse"]) < 20 * float(row["variance"])
+    assert (out / "fleet.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "fleet.png" in done.stdout
+
+
+def subcommand_parsers() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    (subparsers,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return {"ldp-sim": parser, **subparsers.choices}
+
+
+@pytest.mark.parametrize("command", ["ldp-sim", "frequency", "numeric", "federated", "fleet"])
+def test_help_is_plain_text_and_shows_defaults(command: str) -> None:
+    parser = subcommand_parsers()[command]
+    text = parser.format_help()
+    assert "``" not in text and "`" not in text, text
+    assert ":func:" not in text and "register(" not in text and "subparsers" not in text
+    flat = " ".join(text.split())
+    for action in parser._actions:
+        if not action.option_strings or action.default in (None, False, argparse.SUPPRESS):
+            continue
+        assert action.help, f"{command} {action.option_strings[0]} has no help"
+        assert f"(default: {shown(action.default)})" in flat, (command, action.option_strings)
+
+
+def test_reps_default_is_shown() -> None:
+    flat = " ".join(subcommand_parsers()["frequency"].format_help().split())
+    assert re.search(r"--reps REPS repetitions per cell \(default: 10\)", flat)
+    assert "(default: 0.5,1,2,4)" in flat  # lists as typed, not [0.5, 1.0, ...]
+
+
+def test_missing_extras_say_how_to_install_from_a_checkout() -> None:
+    done = subprocess.run(
+        [
+            sys.executable, "-c",
+            "import sys; sys.modules['tqdm'] = None\n"
+            "from simulations.cli import main\nraise SystemExit(main(['frequency']))",
+        ],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "pip install -e '.[sim]'" in done.stderr and "repository root" in done.stderr
+    assert "ldp-telemetry[sim]" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("n", "noun", "plural", "text"),
+    [
+        (0, "report", None, "0 reports"),
+        (1, "report", None, "1 report"),
+        (2, "report", None, "2 reports"),
+        (1, "batch", "batches", "1 batch"),
+        (1_000_000, "user", None, "1,000,000 users"),
+    ],
+)
+def test_counted_pluralizes(n: int, noun: str, plural: str | None, text: str) -> None:
+    assert counted(n, noun, plural) == text
+
+
+#: A number followed by a counted noun inside an f-string: "{n} reports" reads "1 reports".
+BARE_COUNT = re.compile(
+    r"\{[^{}]*\} (reports|users|rounds|clients|buckets|devices|rows|groups|batches|cells|"
+    r"workers|senders|plots|keys|metrics|updates)\b(?!/)"
+)
+
+
+def test_no_bare_counts_in_output() -> None:
+    """Messages count through ``counted`` (or an explicit plural), never "{n} nouns"."""
+    sources = [*ROOT.glob("simulations/**/*.py"), ROOT / "aggregator/cli.py"]
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in sources
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if BARE_COUNT.search(line) and not line.lstrip().startswith("#")
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_frequency_plot_styles_are_distinct() -> None:
+    """oue, olh and auto with identical errors still differ in marker and line style."""
+    rows = [
+        {"mechanism": m, "epsilon": e, "mse": 1e-4 / e, "variance": 1e-4 / e}
+        for m in ("grr", "oue", "olh", "auto", "hr", "sue")
+        for e in (0.5, 1.0, 2.0)
+    ]
+    figure = report.error_figure(rows, "d=16")
+    try:
+        lines = figure.axes[0].get_lines()
+        measured = [line for line in lines if not line.get_label().startswith("_")]
+        theory = [line for line in lines if line.get_label().startswith("_")]
+        names = ["grr", "oue", "olh", "auto", "hr", "sue"]
+        assert [line.get_label() for line in measured] == names
+        markers = {line.get_marker() for line in measured}
+        # The dash pattern as drawn (offset, on-off lengths): get_linestyle() names every
+        # custom pattern "--", so compare the patterns themselves.
+        patterns = {str(line._unscaled_dash_pattern) for line in measured}
+        assert len(markers) == len(patterns) == len(names), (markers, patterns)
+        (theory_pattern,) = {str(line._unscaled_dash_pattern) for line in theory}
+        assert theory_pattern not in patterns  # no measured line looks like a theory line
+        assert all(line.get_marker() in ("None", "", None) for line in theory)
+        assert all(line.get_markerfacecolor() == "none" for line in measured)
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(figure)
+
+
+def test_series_styles_differ_for_thirty_lines() -> None:
+    pairs = {
+        (report.series_style(i)["marker"], str(report.series_style(i)["linestyle"]))
+        for i in range(30)
+    }
+    assert len(pairs) == 30
+
+
+def test_fleet_figure_draws_estimate_against_truth() -> None:
+    from shared.schemas import MechanismSpec
+    from simulations.fleet import estimate_figure
+
+    values = np.array([0, 0, 1, 2, 2, 2, 3, 3])
+    estimate = {
+        "n": 8,
+        "estimates": [
+            {"index": i, "frequency": f, "ci_low": f - 0.1, "ci_high": f + 0.1}
+            for i, f in enumerate([0.3, 0.1, 0.35, 0.25])
+        ],
+    }
+    spec = MechanismSpec.model_validate({"mechanism": "grr", "epsilon": 2.0, "domain_size": 4})
+    figure = estimate_figure(spec, values, estimate)
+    try:
+        axes = figure.axes[0]
+        heights = [patch.get_height() for patch in axes.patches]
+        assert heights == pytest.approx([0.25, 0.125, 0.375, 0.25])  # the truth
+        (points,) = [line for line in axes.get_lines() if line.get_marker() == "o"]
+        assert list(points.get_ydata()) == pytest.approx([0.3, 0.1, 0.35, 0.25])
+        assert "8 reports" in axes.get_title()
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(figure)
