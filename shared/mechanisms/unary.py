@@ -22,7 +22,7 @@ A report supports v when its bit v is 1. Reports are packed bit vectors
 bits are 0), payload ``{"bits": base64 of the packed bytes}``. The other d - 1
 bits are drawn 64 at a time by ``RandomSource.bernoulli_bits`` (a single report: one
 row of ``RandomSource.bernoulli_row``, one random byte per bit). Sufficient
-statistics: the per-bit sums.
+statistics: the per-bit sums (``shared.bitcount.bit_sums``).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from shared.bitcount import bit_sums
 from shared.mechanisms.base import as_index_array, check_packed_rows, decode_bits_field
 from shared.mechanisms.categorical import (
     CategoricalMechanism,
@@ -51,60 +52,6 @@ from shared.randomness import (
     threshold53,
 )
 from shared.statistics import CountStatistics
-
-#: Bytes of packed rows summed at once by ``bit_sums`` (fits in cache; memory stays bounded).
-_BIT_SUM_CHUNK_BYTES = 1 << 20
-#: Levels of the adder tree: 2^10 rows are summed into 11 bit planes before widening.
-_BIT_SUM_LEVELS = 10
-
-
-def bit_sums(packed: np.ndarray, bits: int) -> np.ndarray:
-    """Column sums of a packed bit matrix: ``np.unpackbits(packed, axis=1, count=bits).sum(0)``.
-
-    Computed without unpacking every bit: rows are read as 64-bit words (64
-    columns per word) and added pairwise in a tree of bitwise ripple-carry
-    adders, so after L levels each group of 2^L rows is a (L + 1)-bit count per
-    column held in L + 1 bit planes. Level j costs about 5 j word operations per
-    pair of j-plane numbers, about 7 per input word in all, against 64 bit
-    operations to unpack it. Only the planes are unpacked and weighted by 2^i.
-    """
-    rows, row_bytes = packed.shape
-    padded_bytes = (row_bytes + 7) // 8 * 8
-    chunk_rows = max(1 << _BIT_SUM_LEVELS, _BIT_SUM_CHUNK_BYTES // padded_bytes)
-    sums = np.zeros(padded_bytes * 8, dtype=np.int64)
-    for start in range(0, rows, chunk_rows):
-        chunk = packed[start : start + chunk_rows]
-        levels = min(_BIT_SUM_LEVELS, max(1, (chunk.shape[0] - 1).bit_length()))
-        height = -(-chunk.shape[0] // (1 << levels)) << levels
-        block = np.zeros((height, padded_bytes), dtype=np.uint8)
-        block[: chunk.shape[0], :row_bytes] = chunk
-        planes = [block.view(np.uint64)]
-        for _ in range(levels):
-            planes = _add_halves(planes)
-        for weight, plane in enumerate(planes):
-            column_bits = np.unpackbits(plane.view(np.uint8), axis=1)
-            sums += column_bits.sum(axis=0, dtype=np.int64) << weight
-    return sums[:bits]
-
-
-def _add_halves(planes: list[np.ndarray]) -> list[np.ndarray]:
-    """Add the top half of the rows to the bottom half, bitwise: k planes in, k + 1 out."""
-    half = planes[0].shape[0] // 2
-    result: list[np.ndarray] = []
-    carry: np.ndarray | None = None
-    for plane in planes:
-        a, b = plane[:half], plane[half:]
-        partial = a ^ b
-        if carry is None:
-            result.append(partial)
-            carry = a & b
-        else:
-            result.append(partial ^ carry)
-            carry = (a & b) | (partial & carry)
-    assert carry is not None
-    result.append(carry)
-    return result
-
 
 class UnaryEncoding(CategoricalMechanism):
     """Shared body of SUE and OUE; subclasses give the nominal p and q."""

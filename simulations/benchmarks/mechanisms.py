@@ -75,6 +75,7 @@ from shared.mechanisms import CategoricalMechanism, Mechanism, NumericMechanism,
 from shared.mechanisms.auto import CANDIDATES
 from shared.schemas import MechanismSpec
 from simulations.benchmarks import peers as peer_lib
+from simulations.text import counted
 
 CATEGORICAL = ("grr", "sue", "oue", "olh", "hr", "auto")
 NUMERIC = ("laplace", "duchi", "piecewise")
@@ -158,9 +159,8 @@ class CellResult:
         """(label, ratio, se, what) for the full-n ratio and, if measured, the group ratio."""
         checks = [("mse", self.mse_ratio, self.mse_se, f"{self.terms} terms, {self.runs} runs")]
         if self.group_size:
-            checks.append(
-                ("grp", self.group_ratio, self.group_se, f"groups of {self.group_size} users")
-            )
+            groups = f"groups of {counted(self.group_size, 'user')}"
+            checks.append(("grp", self.group_ratio, self.group_se, groups))
         return checks
 
     def flat(self) -> dict[str, Any]:
@@ -673,7 +673,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
     print(
-        f"mechanisms benchmark: n={args.n:,} users per cell (categorical Zipf({ZIPF_EXPONENT}) "
+        f"mechanisms benchmark: n={counted(args.n, 'user')} per cell "
+        f"(categorical Zipf({ZIPF_EXPONENT}) "
         f"over d, numeric Beta{BETA_SHAPE} on [0, 1]), seed {args.seed}, "
         f"MSE budget {args.mse_budget:g} s/cell, numpy {np.__version__}, single process"
     )
@@ -687,7 +688,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 libraries.append(library)
         if libraries:
             print(
-                f"peers timed on up to {args.peer_n:,} users, {args.peer_time:g} s per call; "
+                f"peers timed on up to {counted(args.peer_n, 'user')}, "
+                f"{args.peer_time:g} s per call; "
                 f"x = our rate / fastest peer's (pl = pure-ldp, mf = multi-freq-ldpy)"
             )
     cache = PeerCache(libraries, args.peer_n, args.peer_time)
@@ -728,7 +730,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print("-" * len(HEADER))
     print(
-        f"finished {len(results)} cells in {time.perf_counter() - started:.0f} s; load "
+        f"finished {counted(len(results), 'cell')} in {time.perf_counter() - started:.0f} s; load "
         f"average {', '.join(f'{x:.1f}' for x in os.getloadavg())}"
     )
     print(
