@@ -1,7 +1,9 @@
 """Estimates as published: the JSON shapes of ``GET /v1/metrics/{name}/estimate``.
 
 The numbers are the mechanisms' (``Mechanism.estimate``): unbiased frequencies or mean
-with standard errors, the 95% normal interval ``estimate ± 1.96 std``, and beside them
+with standard errors, the 95% normal interval ``estimate ± 1.96 std`` (for a mean: around
+the users' own mean, with the interval around the mean of the population they came from,
+``± 1.96 population_std``, beside it), and beside them
 the post-processed estimate (a valid distribution, or a mean inside the bounds), which
 is biased and marked so. RAPPOR metrics are decoded against the metric's candidate
 strings (its labels) or the ones the request lists.
@@ -28,7 +30,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from aggregator.storage import PartialRow
-from shared.estimates import Estimate, MeanEstimate
+from shared.estimates import Estimate, MeanEstimate, StdMethod
 from shared.mechanisms import Mechanism, Rappor, RapporEstimate
 from shared.schemas import MetricSpec
 from shared.statistics import CountStatistics, MomentStatistics
@@ -171,9 +173,24 @@ class CategoricalEstimateOut(EstimateBase):
 class NumericEstimateOut(EstimateBase):
     kind: Literal["numeric"] = "numeric"
     mean: float = Field(description="Unbiased estimate of the mean of the clipped values.")
-    std: float
-    ci_low: float
-    ci_high: float
+    std: float = Field(
+        description="Standard error around the users' own mean (the mean of the reporting "
+        "users' clipped values): the privacy noise alone. See std_method."
+    )
+    std_method: StdMethod = Field(
+        description="How std was obtained: 'known' (the noise variance does not depend on the "
+        "values), 'estimated' (unbiasedly, from the reports' sum of squares) or 'upper-bound' "
+        "(not identifiable from the reports, e.g. duchi: the interval is conservative)."
+    )
+    ci_low: float = Field(description="Lower end of the interval mean ± z std (users' own mean).")
+    ci_high: float = Field(description="Upper end of the interval mean ± z std (users' own mean).")
+    population_std: float = Field(
+        description="Standard error around the mean of the population the users were drawn "
+        "from: the noise plus the spread of the users' values (sample variance of the "
+        "debiased reports over n)."
+    )
+    population_ci_low: float = Field(description="Lower end of mean ± z population_std.")
+    population_ci_high: float = Field(description="Upper end of mean ± z population_std.")
     lower: float
     upper: float
     postprocessed_mean: float = Field(description="The mean clipped to [lower, upper]; biased.")
@@ -235,12 +252,17 @@ def build_estimate(
     result = mechanism.estimate(stats)
     if isinstance(result, MeanEstimate):
         low, high = result.ci(CONFIDENCE)
+        population_low, population_high = result.ci(CONFIDENCE, population=True)
         return base | {
             "kind": "numeric",
             "mean": result.mean,
             "std": result.std,
+            "std_method": result.std_method,
             "ci_low": low,
             "ci_high": high,
+            "population_std": result.population_std,
+            "population_ci_low": population_low,
+            "population_ci_high": population_high,
             "lower": result.lower,
             "upper": result.upper,
             "postprocessed_mean": result.postprocessed(),

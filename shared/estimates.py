@@ -11,14 +11,26 @@ Unbiased frequencies can be negative and need not sum to 1.
 Private Frequency Estimation with Consistency", NDSS 2020): the closest valid
 distribution, at the price of bias. It is returned as a separate, marked object
 so the two are never confused.
+
+A mean has two standard errors, for two questions (``MeanEstimate``): ``std`` is the
+error around the mean of the users' own (clipped) values, the privacy noise alone;
+``population_std`` the error around the mean of the population the users were drawn
+from, which adds the spread of their values (see ``shared.mechanisms.numeric``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import Literal
 
 import numpy as np
+
+
+#: How ``MeanEstimate.std`` was obtained: "known" (the noise variance does not depend on
+#: the data), "estimated" (unbiasedly, from the sum of squares of the reports) or
+#: "upper-bound" (not identifiable from the reports: the interval is conservative).
+StdMethod = Literal["known", "estimated", "upper-bound"]
 
 
 def z_value(level: float) -> float:
@@ -77,16 +89,26 @@ class Estimate:
 
 @dataclass(frozen=True)
 class MeanEstimate:
-    """An unbiased mean of n clipped values, with its standard error."""
+    """An unbiased mean of n clipped values, with two standard errors.
+
+    ``std``: sqrt(sum_i Var[y_i | x_i]) / n, the error around the users' own mean
+    (1/n) sum_i clip(x_i), how it was obtained given by ``std_method``.
+    ``population_std``: sqrt(s^2 / n), s^2 the sample variance of the debiased reports,
+    the error around the mean of the population the users were drawn from.
+    """
 
     mean: float
     std: float
     n: int
     lower: float
     upper: float
+    population_std: float
+    std_method: StdMethod
 
-    def ci(self, level: float = 0.95) -> tuple[float, float]:
-        half = z_value(level) * self.std
+    def ci(self, level: float = 0.95, population: bool = False) -> tuple[float, float]:
+        """``mean ± z · std`` for the users' own mean, or with ``population=True``
+        ``mean ± z · population_std`` for the mean of the population they came from."""
+        half = z_value(level) * (self.population_std if population else self.std)
         return self.mean - half, self.mean + half
 
     def postprocessed(self) -> float:

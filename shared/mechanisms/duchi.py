@@ -31,7 +31,12 @@ from functools import cached_property
 import numpy as np
 
 from shared.mechanisms.base import IndexReports
-from shared.mechanisms.numeric import NumericMechanism, bernoulli_central_moments, check_levels
+from shared.mechanisms.numeric import (
+    NoiseVariance,
+    NumericMechanism,
+    bernoulli_central_moments,
+    check_levels,
+)
 from shared.randomness import BITS53, Rng, as_source, certified_threshold, threshold53
 from shared.statistics import MomentStatistics
 
@@ -84,6 +89,13 @@ class DuchiMean(IndexReports, NumericMechanism):
     def report_variance(self, values: np.ndarray) -> np.ndarray:
         t = self.normalize(values)
         return (self.scale**2 - t**2) * self.half_range**2
+
+    def variance_model(self) -> NoiseVariance:
+        """Var[y | x] = C^2 h^2 - (x - centre)^2 (h = half the range): curvature -1, so the
+        users' share of it is not identifiable from the reports (``std`` is a bound)."""
+        return NoiseVariance(
+            self.centre, self.half_range, (self.scale * self.half_range) ** 2, -1.0, 0.0
+        )
 
     def worst_case_inputs(self) -> np.ndarray:
         return np.array([(self.lower + self.upper) / 2])

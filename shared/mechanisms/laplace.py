@@ -54,7 +54,7 @@ from decimal import Context, Decimal, localcontext
 import numpy as np
 
 from shared.mechanisms.base import IndexReports
-from shared.mechanisms.numeric import NumericMechanism, bernoulli_central_moments
+from shared.mechanisms.numeric import NoiseVariance, NumericMechanism, bernoulli_central_moments
 from shared.randomness import (
     Rng,
     as_source,
@@ -154,6 +154,13 @@ class DiscreteLaplace(IndexReports, NumericMechanism):
         position = self.grid_position(values)
         phi = position - np.floor(position)
         return self.step**2 * phi * (1 - phi) + self.noise_variance()
+
+    def variance_model(self) -> NoiseVariance:
+        """The noise w^2 Var[Z] does not depend on x; rounding adds w^2 phi (1 - phi) <= w^2 / 4,
+        taken at that bound (so ``std`` is conservative by at most w^2 / 4 per report)."""
+        return NoiseVariance(
+            self.centre, self.half_range, self.noise_variance(), 0.0, self.step**2 / 4
+        )
 
     def worst_case_inputs(self) -> np.ndarray:
         return np.array([self.lower + self.step / 2])

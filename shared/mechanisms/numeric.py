@@ -6,32 +6,128 @@ value whose *debiased* form y (in the original units) satisfies E[y | x] = x.
 The mean of the n debiased reports is therefore an unbiased estimate of the
 mean of the clipped values, with
 
-    Var[mean] = (1 / n^2) sum_i Var[y | x_i],
+    Var[mean | x_1..x_n] = (1 / n^2) sum_i Var[y | x_i],
 
 where ``report_variance(x)`` is each mechanism's analytical Var[y | x].
 ``variance(n)`` is the worst case over inputs, max_x Var[y | x] / n, the
-figure for planning. The server does not know the x_i, so ``MeanEstimate.std``
-is the plug-in sqrt(s^2 / n) with s^2 the sample variance of the debiased
-reports. Its expectation is (1/n) (mean_i Var[y | x_i] + population variance of
-the clipped x_i): the analytical variance plus a term at most (upper - lower)^2 / 4,
-small beside the privacy noise, so the interval is exact to first order and
-never anti-conservative.
+figure for planning.
 
-Sufficient statistics: n, the sum and the sum of squares of the debiased reports.
+Two standard errors. An analyst asks how far the estimate is from the mean of
+*these* users' values: ``MeanEstimate.std`` is sqrt(sum_i Var[y | x_i]) / n, the
+noise alone. Asking instead about the mean of the population the users were drawn
+from (independently) adds the spread of their values: Var[mean] =
+(E Var[y | x] + Var[x]) / n, which the sample variance s^2 of the debiased reports
+estimates unbiasedly (E[s^2] = Var[y]), so ``MeanEstimate.population_std`` is
+sqrt(s^2 / n) (for n = 1, the worst case max_x Var[y | x]).
+
+The noise's variance from the statistics. Every mechanism here has, with
+c = (lower + upper) / 2 (``variance_model``, a ``NoiseVariance``),
+
+    Var[y | x] = base + curvature (x - c)^2 + r(x),   0 <= r(x) <= rounding,
+
+where r is the variance of randomized rounding to a grid (w^2 phi (1 - phi) for a
+step w and fractional position phi: not a function of (x - c)^2, hence bounded).
+Then E[(y - c)^2 | x] = base + r(x) + (1 + curvature) (x - c)^2, and with
+S = sum_i (y_i - c)^2 = Q - 2 c T + n c^2 (T, Q the sum and sum of squares):
+
+* curvature > -1 (``laplace``: 0; ``piecewise``: (1 - beta) / beta > 0): eliminating
+  sum (x_i - c)^2,
+
+      V = (n (base + rounding) + curvature S) / (1 + curvature)
+
+  has E[V] = sum_i Var[y | x_i] + sum_i (rounding - r(x_i)) / (1 + curvature): unbiased
+  but for the rounding term, which is taken at its upper bound (conservative by at most
+  n rounding / (1 + curvature); at the default 1024-step grid below 1e-6 of the noise).
+  For curvature = 0 it is the data-independent n (base + rounding) (``std_method``
+  "known"), otherwise "estimated". An unbiased V can fall below the least possible
+  value, so it is raised to n (base + min(curvature, 0) (upper - lower)^2 / 4), the
+  data-independent minimum of sum_i Var[y | x_i] (positive for every mechanism here).
+* curvature = -1 (``duchi``: the reports have constant magnitude, E[(y - c)^2 | x] =
+  base whatever x): sum (x_i - c)^2 is not identifiable, and ``std`` is an upper bound
+  (``std_method`` "upper-bound"). By Cauchy-Schwarz, sum (x_i - c)^2 >= n (xbar - c)^2,
+  so sum_i Var[y | x_i] <= n (base + rounding) - n (xbar - c)^2 =: B(xbar). Plugging in
+  the estimate ybar for xbar is *not* safe: where the bound is nearly tight the errors
+  ybar - xbar that move ybar away from c shrink the interval on exactly the side they
+  fall (coverage well below nominal for values near the ends at large epsilon). So
+  the bound uses the distance d = clip(|ybar - c| - z* sqrt(W / n), 0, (upper - lower) / 2),
+  with W = base + rounding >= Var[y | x] for every x and z* = z_{(1 + L*)/2},
+  L* = ``BOUND_LEVEL``: V = n (W - d^2). Then for an interval ybar ± z s (z <= z*,
+  s = sqrt(V) / n), a miss needs |ybar - xbar| > z sigma (sigma the true std): if
+  V >= sum Var that is the nominal event; if not, |xbar - c| < d, so
+  |ybar - xbar| > z* sqrt(W / n) >= z sigma. Coverage is at least nominal for every
+  level up to L*.
+
+Sufficient statistics: n, the sum and the sum of squares of the debiased reports
+(``MomentStatistics``): all the two standard errors need.
 """
 
 from __future__ import annotations
 
 import math
 from abc import abstractmethod
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
-from shared.estimates import MeanEstimate
+from shared.estimates import MeanEstimate, StdMethod, z_value
 from shared.mechanisms.base import Mechanism
 from shared.schemas import MechanismSpec
 from shared.statistics import MomentStatistics
+
+
+#: The upper bound on a non-identifiable noise variance keeps every interval of level up
+#: to this one at or above its nominal coverage (module docstring, curvature = -1).
+BOUND_LEVEL = 1 - 1e-6
+
+
+@dataclass(frozen=True)
+class NoiseVariance:
+    """Var[y | x] = base + curvature (x - centre)^2 + r(x), 0 <= r(x) <= rounding.
+
+    Original units; ``centre`` is (lower + upper) / 2 and every clipped x lies within
+    ``half_range`` of it. ``total`` estimates sum_i Var[y | x_i] from the statistics of
+    n reports (the module docstring derives it).
+    """
+
+    centre: float
+    half_range: float
+    base: float
+    curvature: float
+    rounding: float
+
+    def __post_init__(self) -> None:
+        if not (self.base >= 0 and self.rounding >= 0 and self.curvature >= -1):
+            raise ValueError(
+                f"a noise variance needs base >= 0, rounding >= 0 and curvature >= -1, got "
+                f"{self.base}, {self.rounding} and {self.curvature}"
+            )
+
+    def least(self) -> float:
+        """min_x Var[y | x] >= base + min(curvature, 0) half_range^2 (r >= 0)."""
+        return self.base + min(self.curvature, 0.0) * self.half_range**2
+
+    def total(self, stats: MomentStatistics) -> tuple[float, StdMethod]:
+        """(V, method): V estimates sum_i Var[y | x_i] from n >= 1 reports' statistics.
+
+        curvature > -1: V = max((n (base + rounding) + curvature S) / (1 + curvature),
+        n least), S = sum (y_i - centre)^2, unbiased but for the rounding term at its
+        bound. curvature = -1: V = n (W - d^2), an upper bound with W = base + rounding
+        and d = clip(|ybar - centre| - z* sqrt(W / n), 0, half_range).
+        """
+        n = stats.n
+        mean = stats.total / n
+        ceiling = self.base + self.rounding
+        if self.curvature > -1:
+            if self.curvature == 0:
+                return n * ceiling, "known"
+            spread = max(stats.total_squares - stats.total * mean, 0.0)
+            squares = spread + n * (mean - self.centre) ** 2
+            unbiased = (n * ceiling + self.curvature * squares) / (1 + self.curvature)
+            return max(unbiased, n * self.least()), "estimated"
+        slack = z_value(BOUND_LEVEL) * math.sqrt(ceiling / n)
+        distance = min(max(abs(mean - self.centre) - slack, 0.0), self.half_range)
+        return n * (ceiling - distance**2), "upper-bound"
 
 
 def check_levels(levels: object, counts: object, rng: object) -> tuple[np.ndarray, np.ndarray]:
@@ -73,6 +169,7 @@ class NumericMechanism(Mechanism[MomentStatistics, MeanEstimate]):
         self.lower: float = spec.lower
         self.upper: float = spec.upper
         self.half_range: float = (self.upper - self.lower) / 2
+        self.centre: float = (self.lower + self.upper) / 2
 
     def normalize(self, values: np.ndarray) -> np.ndarray:
         """Clip to [lower, upper] and map to t in [-1, 1]; NaN is refused."""
@@ -96,6 +193,10 @@ class NumericMechanism(Mechanism[MomentStatistics, MeanEstimate]):
     @abstractmethod
     def report_variance(self, values: np.ndarray) -> np.ndarray:
         """Analytical Var[debiased report | x] for each (clipped) input x, original units."""
+
+    @abstractmethod
+    def variance_model(self) -> NoiseVariance:
+        """Var[y | x] as base + curvature (x - centre)^2 plus a bounded rounding term."""
 
     @abstractmethod
     def worst_case_inputs(self) -> np.ndarray:
@@ -147,7 +248,8 @@ class NumericMechanism(Mechanism[MomentStatistics, MeanEstimate]):
         return MomentStatistics.of(self.debias(self.check_reports(reports)))
 
     def estimate(self, stats: MomentStatistics) -> MeanEstimate:
-        """Mean of the debiased reports; std = sqrt(sample variance / n)."""
+        """Mean of the debiased reports; ``std`` the noise's error around the users' own
+        mean (``NoiseVariance.total``), ``population_std`` = sqrt(s^2 / n)."""
         if stats.n <= 0:
             raise ValueError("cannot estimate from zero reports")
         mean = stats.total / stats.n
@@ -157,8 +259,15 @@ class NumericMechanism(Mechanism[MomentStatistics, MeanEstimate]):
             if stats.n > 1
             else float(self.report_variance(self.worst_case_inputs()).max())
         )
+        noise, method = self.variance_model().total(stats)
         return MeanEstimate(
-            mean, math.sqrt(sample_variance / stats.n), stats.n, self.lower, self.upper
+            mean=mean,
+            std=math.sqrt(noise) / stats.n,
+            n=stats.n,
+            lower=self.lower,
+            upper=self.upper,
+            population_std=math.sqrt(sample_variance / stats.n),
+            std_method=method,
         )
 
     def variance(self, n: int) -> float:

@@ -77,7 +77,7 @@ from typing import TypeAlias
 import numpy as np
 
 from shared.mechanisms.base import IndexReports
-from shared.mechanisms.numeric import NumericMechanism
+from shared.mechanisms.numeric import NoiseVariance, NumericMechanism
 from shared.randomness import (
     BITS53,
     Rng,
@@ -226,6 +226,20 @@ class PiecewiseMechanism(IndexReports, NumericMechanism):
         u = below + phi - self.grid_steps / 2
         variance = cell_variance(self.high, self.low, self.window, self.cells, u, phi)
         return variance * self._scale() ** 2
+
+    def variance_model(self) -> NoiseVariance:
+        """With u = (x - centre) / step and scale = step / beta, Var[y | x] is
+        scale^2 V0 + ((1 - beta) / beta) (x - centre)^2 + (step^2 / beta) phi (1 - phi):
+        base scale^2 V0, curvature (1 - beta) / beta, rounding at most step^2 / (4 beta)."""
+        zero = np.zeros(1)
+        v0 = float(cell_variance(self.high, self.low, self.window, self.cells, zero, zero)[0])
+        return NoiseVariance(
+            self.centre,
+            self.half_range,
+            v0 * self._scale() ** 2,
+            (1 - self.beta) / self.beta,
+            self.step**2 / (4 * self.beta),
+        )
 
     def worst_case_inputs(self) -> np.ndarray:
         s = float(worst_case_offset(np.float64(self.beta), self.grid_steps))

@@ -13,7 +13,9 @@ estimates are compared with the theory:
 * numeric (means): the mean estimate is unbiased for the mean of the *clipped*
   values, its variance is mean(report_variance(x_i)) / n, ``variance(n)`` is
   the worst case over inputs, ``report_variance`` is the paper's closed form,
-  the plug-in ``std`` has its documented expectation, intervals cover.
+  the plug-in ``population_std`` has its documented expectation, its intervals
+  cover (``std``, the error around the users' own mean, is tested in
+  test_numeric_intervals.py).
 
 Tolerances. Each test item is one parametrized case; its assertions share a
 false-failure budget ``ALPHA = 1e-6`` by Bonferroni (e.g. unbiasedness over d
@@ -503,7 +505,7 @@ class NumericRuns:
     clipped: np.ndarray
     estimates: list[MeanEstimate]
     means: np.ndarray  # (R,)
-    std: np.ndarray  # (R,)
+    population_std: np.ndarray  # (R,)
     excess_kurtosis: float  # of one run's mean, estimated from all R n reports
 
     @property
@@ -536,7 +538,7 @@ def numeric_runs(case: NumericCase) -> NumericRuns:
         clipped=clipped,
         estimates=estimates,
         means=np.array([est.mean for est in estimates]),
-        std=np.array([est.std for est in estimates]),
+        population_std=np.array([est.population_std for est in estimates]),
         excess_kurtosis=kurtosis,
     )
 
@@ -567,7 +569,7 @@ def test_empirical_variance_of_the_mean_matches(case: NumericCase) -> None:
 
 @pytest.mark.parametrize("case", NUMERIC_CASES, ids=lambda c: c.id)
 def test_plug_in_std_has_its_documented_expectation(case: NumericCase) -> None:
-    """n std^2 is the sample variance s^2 of the n debiased reports, and
+    """n population_std^2 is the sample variance s^2 of the n debiased reports, and
 
     E[s^2] = mean_i Var[y | x_i] + (n / (n - 1)) popvar(clipped x),
 
@@ -575,7 +577,7 @@ def test_plug_in_std_has_its_documented_expectation(case: NumericCase) -> None:
     """
     runs = numeric_runs(case)
     n = runs.n
-    plug_in = runs.std**2 * n
+    plug_in = runs.population_std**2 * n
     noise = runs.mean_report_variance
     spread = float(runs.clipped.var()) * n / (n - 1)
     # 1e-6 for the two-sided check (the bracket check fails only if it does too); the sd
@@ -585,21 +587,22 @@ def test_plug_in_std_has_its_documented_expectation(case: NumericCase) -> None:
     average = float(plug_in.mean())
     assert noise - tolerance <= average <= noise + spread + tolerance
     assert abs(average - (noise + spread)) <= tolerance, (
-        f"{runs.mech!r}: mean n std^2 = {average:.5g}, expected {noise + spread:.5g} "
+        f"{runs.mech!r}: mean n population_std^2 = {average:.5g}, expected {noise + spread:.5g} "
         f"(noise {noise:.5g} + spread {spread:.5g}) within {tolerance:.3g}"
     )
 
 
 @pytest.mark.parametrize("case", NUMERIC_CASES, ids=lambda c: c.id)
 def test_mean_confidence_interval_coverage(case: NumericCase) -> None:
-    """Coverage is 95% up to the plug-in std's documented inflation by the spread of x."""
+    """The population interval covers the users' own (clipped) mean at 95% up to the
+    plug-in population_std's documented inflation by the spread of x."""
     runs = numeric_runs(case)
     n = runs.n
     noise = runs.mean_report_variance
     inflation = math.sqrt((noise + float(runs.clipped.var()) * n / (n - 1)) / noise)
     expected = 2 * stats.norm.cdf(stats.norm.ppf((1 + LEVEL) / 2) * inflation) - 1
     assert LEVEL <= expected < 0.99  # the cases are chosen so 95% is still the point
-    bounds = np.array([est.ci(LEVEL) for est in runs.estimates])
+    bounds = np.array([est.ci(LEVEL, population=True) for est in runs.estimates])
     truth = runs.clipped.mean()
     covered = int(((bounds[:, 0] <= truth) & (truth <= bounds[:, 1])).sum())
     low, high = binomial_interval(RUNS, expected, ALPHA)  # exact binomial, 1e-6
