@@ -330,6 +330,62 @@ def test_evaluation_set_is_scored_every_round(sqlite_api: Api) -> None:
     assert 0.0 <= evaluation["accuracy"] <= 1.0 and math.isfinite(evaluation["loss"])
 
 
+def test_adaptive_task_with_too_little_count_noise_is_refused(sqlite_api: Api) -> None:
+    """Given or calibrated, a multiplier the default count noise (clients_per_round / 20)
+    cannot pair with is a 422 naming the fields (the calibrated case used to answer 500)."""
+    given = sqlite_api.create(
+        task_body(target_epsilon=None, noise_multiplier=1.0, adaptive_clipping={})
+    )
+    calibrated = sqlite_api.create(task_body(adaptive_clipping={}))
+    for response in (given, calibrated):
+        assert response.status_code == 422, response.text
+        assert response.headers["content-type"] == PROBLEM
+        assert "count_noise" in response.text and "clients_per_round / 20" in response.text
+    assert "calibrated for target_epsilon" in calibrated.text
+    assert sqlite_api.client.get("/v1/federated/tasks", headers=auth("analyst")).json() == []
+    fixed = task_body(adaptive_clipping={"count_noise": 5.0})
+    assert sqlite_api.create(fixed).status_code == 201
+
+
+def test_hostile_unclipped_bits_cannot_wreck_adaptive_clipping(api: Api) -> None:
+    """Central: a bit of -1e6 is clipped to 0 and the round closes (it used to overflow
+    exp and answer 500 for ever). Distributed: a bit no honest device sends is refused."""
+    adaptive = {"count_noise": 5.0}
+    api.create(task_body(adaptive_clipping=adaptive))
+    for bit in (-1e6, 1.0, 1.0):
+        assert api.send(upload(unclipped=bit)).status_code == 200
+    status = api.status()
+    assert status["round"] == 1 and status["history"][0]["clip_norm"] == 1.0
+    assert math.exp(-1.0) <= status["clip_norm"] <= math.exp(1.0)
+    api.create(task_body("spread", mode="distributed", adaptive_clipping=adaptive))
+    share = api.round("spread").json()
+    margin = 10 * 5.0 / math.sqrt(share["expected_clients"])
+    for bit in (-1e6, -2000.0, 1e6, 1 + margin * 1.01, -margin * 1.01):
+        refused = api.send(upload(unclipped=bit), "spread")
+        assert refused.status_code == 422 and "unclipped" in refused.text, refused.text
+    assert api.send(upload(unclipped=1 + margin * 0.99), "spread").status_code == 200
+    assert api.status("spread")["updates_received"] == 1
+
+
+def test_a_round_whose_aggregate_overflows_is_restarted(sqlite_api: Api) -> None:
+    """Two finite uploads of 1e308 sum past the float range: the round is restarted (not
+    a 500), counted, and honest uploads then close it."""
+    from aggregator import observability as obs
+
+    sqlite_api.create(task_body(mode="none", target_epsilon=None, min_clients=2))
+    failed = obs.FEDERATED_FAILED_ROUNDS._value.get()
+    for _ in range(2):
+        assert sqlite_api.send(upload(values=np.full(NUM_PARAMS, 1e308))).status_code == 200
+    closed = sqlite_api.client.post("/v1/federated/tasks/digits/close", headers=auth("admin"))
+    assert closed.status_code == 409  # the round was restarted: its uploads are gone
+    status = sqlite_api.status()
+    assert status["round"] == 0 and status["attempt"] == 1 and status["updates_received"] == 0
+    assert obs.FEDERATED_FAILED_ROUNDS._value.get() == failed + 1
+    for _ in range(3):
+        assert sqlite_api.send(upload(attempt=1)).status_code == 200
+    assert sqlite_api.status()["round"] == 1
+
+
 # --- real processes ------------------------------------------------------------------------
 
 
