@@ -1,7 +1,7 @@
 """``ldp-aggregator``: run the service and its maintenance tasks.
 
     ldp-aggregator serve [--database URL] [--config metrics.toml] [--host H] [--port P]
-                         [--workers N] [--min-reports N]
+                         [--workers N] [--min-reports N] [--demo-data]
     ldp-aggregator compact [--database URL]
     ldp-aggregator create-key --role device|analyst|admin [--label TEXT] [--database URL]
 
@@ -15,6 +15,10 @@ database with no key it creates an admin key and prints it once. Every start the
 once, to stderr: the address it listens on, the database (SQLite: the absolute path;
 a URL with its password hidden), the metrics it serves, and how to make a new admin key
 if the printed one is lost.
+
+``--demo-data`` fills a database that holds no statistics yet with simulated devices'
+perturbed reports for every metric served (``aggregator/demo_data.py``), so that a first
+start has estimates to show; on a database with statistics it adds nothing.
 
 ``--database`` is a SQLite file path, a ``sqlite:///`` URL or a PostgreSQL URL. As in
 SQLAlchemy, ``sqlite:///x.db`` is relative to the working directory and
@@ -43,6 +47,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from aggregator.auth import ROLES, KeyRing, bootstrap_keys
+from aggregator.demo_data import fill_demo_data
 from aggregator.observability import uvicorn_log_config
 from aggregator.registry import DEMO_METRICS, load_definitions
 from aggregator.service import Aggregator
@@ -67,6 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--min-reports", type=int, help="reports needed before an estimate")
     serve.add_argument("--max-batch-reports", type=int, help="most reports per batch")
     serve.add_argument("--compaction-interval", type=float, help="seconds; 0 turns it off")
+    serve.add_argument(
+        "--demo-data",
+        action="store_true",
+        help="on a database without statistics, add simulated devices' perturbed reports "
+        "for every metric served",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
     compact = commands.add_parser("compact", help="merge partial statistics now")
@@ -233,6 +244,17 @@ def startup_summary(
     )
 
 
+def demo_data_summary(filled: dict[str, int]) -> str:
+    """What ``--demo-data`` did, in one line."""
+    if not filled:
+        return "--demo-data: the database already holds statistics; no demo reports added"
+    total = sum(filled.values())
+    return (
+        f"--demo-data: stored {total:,} perturbed reports from simulated devices: "
+        + ", ".join(f"{n:,} for {m}" for m, n in filled.items())
+    )
+
+
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
@@ -258,6 +280,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
             service.define_missing(DEMO_METRICS)
         created = bootstrap_keys(KeyRing(service.storage), service.storage, os.environ)
         metrics = service.catalog.latest()
+        filled = fill_demo_data(service) if args.demo_data else None
     finally:
         service.close()
     if created is not None:
@@ -266,6 +289,8 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
             file=sys.stderr,
             flush=True,
         )
+    if filled is not None:
+        print(demo_data_summary(filled), file=sys.stderr, flush=True)
     print(startup_summary(args, settings, metrics), end="", file=sys.stderr, flush=True)
     _export(settings)
     with contextlib.ExitStack() as cleanup:

@@ -68,11 +68,13 @@ epsilon_spent` computes their epsilon on demand).
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import random
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -83,7 +85,7 @@ import numpy as np
 
 from client.federated_ledger import FederatedLedger, device_epsilon
 from client.transport import RETRYABLE_STATUS, RetryPolicy, retry_after_seconds
-from shared.accounting import BUDGET_RELATIVE_TOLERANCE
+from shared.caps import within_cap
 from shared.federated.fedavg import client_update
 from shared.federated.messages import RoundOut, UpdateUpload, decode_vector, encode_vector
 from shared.federated.models import Model, make_model
@@ -100,6 +102,10 @@ __all__ = [
     "TaskFinishedError",
     "TaskRefusedError",
 ]
+
+#: ``run`` logs its progress here, at INFO: each round joined or skipped, each upload,
+#: each restarted round, the end of the task.
+logger = logging.getLogger("ldp.federated")
 
 
 class FederatedError(RuntimeError):
@@ -292,10 +298,24 @@ class FederatedClient:
         uploaded = self._upload(body)
         return RoundResult(info.round, participated=True, uploaded=uploaded, attempt=info.attempt)
 
-    def run(self, max_rounds: int | None = None, poll_interval: float = 1.0) -> list[RoundResult]:
+    def run(
+        self,
+        max_rounds: int | None = None,
+        poll_interval: float = 1.0,
+        on_round: Callable[[RoundResult], None] | None = None,
+    ) -> list[RoundResult]:
         """Take part in each new round (and each new attempt of one) until the task
         finishes, the device's budget for it is spent, or ``max_rounds`` decisions were
-        made."""
+        made; returns the decisions, in order.
+
+        Progress: each decision is logged at INFO on the ``ldp.federated`` logger
+        (joined and uploaded; joined but not accepted, the round having closed first; or
+        skipped: not sampled, with probability 1 - q), as are a round the aggregator
+        restarted (a new ``attempt``: too few uploads by its deadline) and the end of the
+        task; between decisions the device polls every ``poll_interval`` seconds until
+        the round closes. ``on_round``, when given, is called with each decision's
+        :class:`RoundResult` as soon as it is made.
+        """
         results: list[RoundResult] = []
         while max_rounds is None or len(results) < max_rounds:
             try:
@@ -303,9 +323,22 @@ class FederatedClient:
                 if (info.round, info.attempt) <= self._last_draw:
                     time.sleep(poll_interval)
                     continue
-                results.append(self.run_round(info))
-            except TaskFinishedError:
+                if info.round == self._last_draw[0]:
+                    logger.info(
+                        "task %r: round %d restarted by the aggregator (too few uploads by "
+                        "its deadline); deciding again, attempt %d",
+                        self.task, info.round, info.attempt,
+                    )  # fmt: skip
+                result = self.run_round(info)
+            except TaskFinishedError as finished:
+                logger.info(
+                    "task %r finished after %d decisions: %s", self.task, len(results), finished
+                )
                 break
+            logger.info("task %r: %s", self.task, _describe(result, info))
+            results.append(result)
+            if on_round is not None:
+                on_round(result)
         return results
 
     def epsilon_spent(self) -> float:
@@ -356,7 +389,7 @@ class FederatedClient:
                 f"most {cap:g} and does not trust server noise (trust_server_noise=False)"
             )
         epsilon = self.planned_epsilon(info)
-        if not epsilon <= cap * (1.0 + BUDGET_RELATIVE_TOLERANCE):
+        if not within_cap(epsilon, cap):
             advertised = (
                 ""
                 if config.target_epsilon is None
@@ -424,6 +457,19 @@ class FederatedClient:
         traceback: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _describe(result: RoundResult, info: RoundInfo) -> str:
+    """One decision of ``run``, for its log."""
+    where = f"round {result.round} (attempt {result.attempt}; {info.config.rounds} planned)"
+    if not result.participated:
+        return f"{where}: skipped (not sampled; probability {info.sample_rate:g} to take part)"
+    if result.uploaded:
+        return f"{where}: joined, update uploaded"
+    return (
+        f"{where}: joined, but the update was not accepted (the round closed first, or "
+        "every upload attempt failed)"
+    )
 
 
 def _problem_type(response: httpx.Response) -> str:

@@ -1,0 +1,136 @@
+"""Demo data: perturbed reports from simulated devices, so a fresh service has estimates.
+
+``ldp-aggregator serve --demo-data`` calls :func:`fill_demo_data` before the workers
+start. On a database that holds no statistics yet, every metric the service serves (its
+current version) receives ``DEMO_REPORTS_PER_HOUR`` reports in each of the last
+``DEMO_HOURS`` hours. Each report is made as a device makes it: the simulated device's
+value is perturbed by the metric's own mechanism (``Mechanism.encode``; RAPPOR with a
+fresh 32-byte device secret and the cohort derived from it), and only the perturbed
+reports are ingested, through the same validation and exactly-once path as
+``POST /v1/reports``. No raw value is stored anywhere.
+
+The simulated populations (the truth the estimates approach; ``simulated_values``),
+drawn from a fixed seed per metric:
+
+* categorical metrics with ``d`` categories, and RAPPOR metrics over their candidate
+  strings (``labels``; a RAPPOR metric without candidates is left empty): Zipf shares,
+  ``P(v) = (v + 1)^-s / sum_u (u + 1)^-s`` with ``s = ZIPF_EXPONENT``;
+* numeric metrics on ``[lower, upper]``: ``lower + (upper - lower) B``,
+  ``B ~ Beta(2, 5)``, whose mean is ``lower + 2 (upper - lower) / 7``.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+import zlib
+from datetime import datetime, timedelta
+
+import numpy as np
+
+from aggregator.ingest import utc_now
+from aggregator.service import Aggregator
+from shared.mechanisms import CategoricalMechanism, Mechanism, NumericMechanism, Rappor
+from shared.schemas import MetricSpec, Report, ReportBatch
+
+#: Hours back from the current one that receive reports (fewer if the service keeps
+#: report ids for less time).
+DEMO_HOURS = 24
+#: Reports per metric and hour (at least the release threshold ``min_reports``).
+DEMO_REPORTS_PER_HOUR = 500
+#: Exponent of the categorical populations' Zipf shares.
+ZIPF_EXPONENT = 1.1
+#: Seed of the simulated populations (the values, not their perturbation), with the
+#: CRC-32 of the metric's name.
+POPULATION_SEED = 2026
+#: Bytes of a simulated device's RAPPOR secret (as ``Rappor.new_secret``).
+SECRET_BYTES = 32
+
+
+def zipf_shares(size: int, exponent: float = ZIPF_EXPONENT) -> np.ndarray:
+    """``P(v) = (v + 1)^-s / sum_u (u + 1)^-s`` for ``v = 0..size-1``."""
+    weights = np.arange(1, size + 1, dtype=np.float64) ** -exponent
+    return weights / weights.sum()
+
+
+def fill_demo_data(
+    service: Aggregator, now: datetime | None = None, rng: np.random.Generator | None = None
+) -> dict[str, int]:
+    """Fill every served metric with simulated devices' perturbed reports; see the module
+    docstring. Returns the reports stored per metric name: empty when the database
+    already holds statistics (nothing is added then, so real data is never mixed with
+    simulated data, and a second start adds nothing).
+
+    ``rng`` perturbs the reports (and draws the RAPPOR secrets); ``None`` is the OS
+    CSPRNG, as on a device. A seeded generator makes a reproducible demo.
+    """
+    storage = service.storage
+    if any(storage.partial_rows(m.name, m.version) for m in storage.metrics()):
+        return {}
+    settings = service.settings
+    hours = min(DEMO_HOURS, settings.dedupe_retention_hours)
+    per_hour = max(DEMO_REPORTS_PER_HOUR, settings.min_reports)
+    now = now or utc_now()
+    current = now.replace(minute=0, second=0, microsecond=0)
+    times = [current - timedelta(hours=h) for h in np.repeat(np.arange(hours), per_hour).tolist()]
+    stored: dict[str, int] = {}
+    for metric in service.catalog.latest():
+        mechanism = service.catalog.mechanism(metric.name, metric.version)
+        assert mechanism is not None
+        payloads = _perturbed_payloads(metric, mechanism, len(times), rng)
+        if payloads is None:
+            continue
+        reports = [
+            Report(
+                report_id=uuid.UUID(bytes=_random_bytes(16, rng), version=4),
+                metric=metric.name,
+                version=metric.version,
+                payload=payload,
+                time=time,
+            )
+            for payload, time in zip(payloads, times, strict=True)
+        ]
+        step = settings.max_batch_reports
+        for start in range(0, len(reports), step):
+            service.ingest(ReportBatch(reports=reports[start : start + step]), now)
+        stored[metric.name] = len(reports)
+    return stored
+
+
+def simulated_values(metric: MetricSpec, mechanism: Mechanism, n: int) -> np.ndarray | None:
+    """The ``n`` simulated devices' true values for ``metric`` (the module docstring's
+    populations), from a generator seeded by ``POPULATION_SEED`` and the metric's name;
+    None for a metric the demo cannot simulate (RAPPOR without candidate strings)."""
+    population = np.random.default_rng([POPULATION_SEED, zlib.crc32(metric.name.encode())])
+    if isinstance(mechanism, Rappor):
+        if not metric.labels:
+            return None
+        labels = np.array(metric.labels, dtype=object)
+        return labels[population.choice(labels.size, size=n, p=zipf_shares(labels.size))]
+    if isinstance(mechanism, CategoricalMechanism):
+        d = mechanism.domain_size
+        return population.choice(d, size=n, p=zipf_shares(d))
+    if isinstance(mechanism, NumericMechanism):
+        span = mechanism.upper - mechanism.lower
+        return mechanism.lower + span * population.beta(2.0, 5.0, size=n)
+    return None
+
+
+def _perturbed_payloads(
+    metric: MetricSpec, mechanism: Mechanism, n: int, rng: np.random.Generator | None
+) -> list[dict[str, object]] | None:
+    """The wire payloads of ``n`` simulated devices' reports, each device's value encoded
+    by the metric's mechanism; None where ``simulated_values`` has no population."""
+    values = simulated_values(metric, mechanism, n)
+    if values is None:
+        return None
+    if isinstance(mechanism, Rappor):
+        secrets = np.frombuffer(_random_bytes(SECRET_BYTES * n, rng), dtype=np.uint8)
+        secrets = secrets.reshape(n, SECRET_BYTES)
+        cohorts = [mechanism.assign_cohort(row.tobytes()) for row in secrets]
+        return mechanism.to_payloads(mechanism.encode(values.tolist(), cohorts, secrets, rng))
+    return mechanism.to_payloads(mechanism.encode(values, rng))
+
+
+def _random_bytes(size: int, rng: np.random.Generator | None) -> bytes:
+    return os.urandom(size) if rng is None else rng.bytes(size)
