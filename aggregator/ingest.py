@@ -1,10 +1,10 @@
 """Validating a batch of reports and folding it into sufficient statistics.
 
 The wire batch is ``{"reports": [{"report_id", "metric", "version", "payload", "time"}]}``
-(``shared/DESIGN.md``). ``prepare`` checks everything that can be checked without the
-database: the envelope (pydantic), the metric version, the time bucket and every
-payload (the mechanism's own ``from_payloads``), and groups the reports by metric
-version. It raises ``BatchRejected`` listing what was wrong, by report index and field,
+(``report_id`` a UUID, ``time`` an optional ISO-8601 UTC hour). ``prepare`` checks
+everything that can be checked without the database: the envelope (pydantic), the
+metric version, the time bucket and every payload (the mechanism's own
+``from_payloads``), and groups the reports by metric version. It raises ``BatchRejected`` listing what was wrong, by report index and field,
 before anything is written. ``fold`` then turns the reports whose ids turned out new
 into ``PartialRow``s: one per (metric, version, time bucket), inside the transaction
 that records the ids.

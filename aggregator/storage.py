@@ -303,8 +303,8 @@ class Storage:
         self._write_lock = threading.Lock() if self.dialect == "sqlite" else None
         # Between processes (several workers on one file), an exclusive lock on a file
         # beside the database: a waiting writer wakes when the lock is released, where
-        # SQLite's busy handler sleeps and polls (p99 of a batch 86-100 ms with 2 workers
-        # here, 440-460 ms without).
+        # SQLite's busy handler sleeps and polls, which puts a tail of sleeps on the
+        # slowest batches (the ingest benchmark shows the p99 with and without it).
         self._writers_lock = (
             _WritersLock(Path(str(self.engine.url.database) + "-writers.lock"))
             if self.dialect == "sqlite"
@@ -312,8 +312,8 @@ class Storage:
         )
         # ... and write on one connection (under that lock): SQLite drops a connection's
         # page cache when another connection wrote since, so writers taking turns from the
-        # pool read the report-id index back from the OS (paired runs, one worker: 4% more
-        # reports/s, 0.4-1 ms less server time per batch of 1,000).
+        # pool read the report-id index back from the OS (the ingest benchmark measures
+        # the difference).
         self._writer: Connection | None = None
         self._committer = GroupCommitter(self._commit_group)
         self._initialize()
@@ -558,8 +558,8 @@ class Storage:
         """Store the ids of ``ordered`` not stored yet, and return them.
 
         SQLite: ``optimistic`` inserts every id with one prepared statement run over all
-        of them (2.9 ms per 1,000 ids where one 1,000-row ``VALUES`` list with
-        ``RETURNING`` takes 7, and a savepoint to undo a partial insert 4); if any id was
+        of them (faster than one many-row ``VALUES`` list with ``RETURNING``, or a
+        savepoint to undo a partial insert, as the ingest benchmark shows); if any id was
         already stored, it raises ``_SeenBefore`` for the caller to roll back and come
         again without ``optimistic``: the stored ids are looked up, then the others
         inserted (a retried batch is the rare case).

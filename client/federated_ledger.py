@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from client.ledger import LedgerCorruptError
-from shared.accounting import BUDGET_RELATIVE_TOLERANCE, gaussian_rounds_epsilon
+from shared.accounting import gaussian_rounds_epsilon
+from shared.caps import within_cap
 from shared.federated.task import FEDERATED_DISCRETIZATION
 
 __all__ = ["Charge", "FederatedLedger", "PLD_CEILING", "device_epsilon"]
@@ -151,7 +152,7 @@ class FederatedLedger:
             after: float | None = None
             if cap is not None:
                 after = device_epsilon(releases, 1.0, used)
-                if not after <= cap * (1.0 + BUDGET_RELATIVE_TOLERANCE):
+                if not within_cap(after, cap):
                     return Charge(False, after, used)
             self._write({"releases": releases, "delta": used})
             return Charge(True, after, used)

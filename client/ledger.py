@@ -92,6 +92,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from shared.caps import within_cap
+
 #: Most reports of one metric a single durable debit reserves for.
 MAX_RESERVED_REPORTS = 1024
 LEDGER_FILE = "ledger.json"
@@ -102,8 +104,6 @@ FORMAT = 2
 READABLE_FORMATS = (1, 2)
 #: Domain separation of the charged-value hashes from every other use of the secret.
 _VALUE_LABEL = b"ldp ledger value v1\x00"
-#: Floating-point slack in cap comparisons (sums of epsilons are inexact).
-TOLERANCE = 1e-12
 
 
 class LedgerError(Exception):
@@ -280,7 +280,7 @@ class PrivacyLedger:
             reservation is not None
             and reservation.lifetime is lifetime
             and now < reservation.period_end
-            and reservation.remaining >= epsilon - TOLERANCE
+            and within_cap(epsilon, reservation.remaining)
         ):
             reservation.remaining = max(0.0, reservation.remaining - epsilon)
             return
@@ -453,20 +453,20 @@ class PrivacyLedger:
         self, status: BudgetStatus, metric: str, epsilon: float, lifetime: float
     ) -> str | None:
         """Why spending ``epsilon`` this period and ``lifetime`` for life breaks a cap."""
-        limits, tolerance = self.limits, TOLERANCE
+        limits = self.limits
         spent = status.spent_per_metric.get(metric, 0.0)
-        if spent + epsilon > limits.per_metric_per_period + tolerance:
+        if not within_cap(spent + epsilon, limits.per_metric_per_period):
             return (
                 f"{metric}: epsilon {epsilon:g} would bring this period's spending on it to "
                 f"{spent + epsilon:g}, above the cap of {limits.per_metric_per_period:g} "
                 f"(the period ends at {_utc_text(status.period_end)})"
             )
-        if status.spent_this_period + epsilon > limits.total_per_period + tolerance:
+        if not within_cap(status.spent_this_period + epsilon, limits.total_per_period):
             return (
                 f"{metric}: epsilon {epsilon:g} would bring this period's total to "
                 f"{status.spent_this_period + epsilon:g}, above {limits.total_per_period:g}"
             )
-        if lifetime > 0 and status.spent_lifetime + lifetime > limits.lifetime + tolerance:
+        if lifetime > 0 and not within_cap(status.spent_lifetime + lifetime, limits.lifetime):
             return (
                 f"{metric}: epsilon {lifetime:g} would bring the lifetime total to "
                 f"{status.spent_lifetime + lifetime:g}, above {limits.lifetime:g}"

@@ -1,7 +1,7 @@
 """The outbox: perturbed reports wait here, in SQLite, until the aggregator acknowledges them.
 
-Only perturbed reports are written (the wire JSON of ``shared/DESIGN.md``: report id,
-metric, version, payload, hour); raw values never are. ``add`` commits before it
+Only perturbed reports are written (the wire JSON of a report in ``POST /v1/reports``:
+report id, metric, version, payload, hour); raw values never are. ``add`` commits before it
 returns, so a report survives the app's crash or restart (WAL with
 ``synchronous=NORMAL``: a committed report survives a process crash; a power cut can
 lose the last moments, never the ledger's debit, which is fsynced). Reports leave only

@@ -111,7 +111,9 @@ class TelemetryClient:
         kind = spec.mechanism.kind
         if kind == "string":
             raise SpecError(f"{metric} collects strings with RAPPOR: use record_string")
-        encoded = _category(spec, value) if kind == "categorical" else _number(metric, value)
+        encoded = (
+            category_index(spec, value) if kind == "categorical" else numeric_value(metric, value)
+        )
         self._ledger.debit(metric, spec.mechanism.epsilon)
         self._enqueue(spec, mechanism.to_payloads(mechanism.encode(encoded))[0])
 
@@ -294,8 +296,9 @@ def _hour_stamp(seconds: float) -> str:
     return _hour_cache[1]
 
 
-def _category(spec: MetricSpec, value: object) -> np.ndarray:
-    """The category index of ``value`` (a label, or an index 0..d-1)."""
+def category_index(spec: MetricSpec, value: object) -> np.ndarray:
+    """The category index of ``value`` (a label, or an index 0..d-1), as the one-element
+    array ``encode`` takes; ``ValueError`` or ``TypeError`` saying what is wrong."""
     size = spec.mechanism.domain_size
     assert size is not None
     if isinstance(value, str):
@@ -313,7 +316,9 @@ def _category(spec: MetricSpec, value: object) -> np.ndarray:
     return np.array([int(value)])
 
 
-def _number(metric: str, value: object) -> np.ndarray:
+def numeric_value(metric: str, value: object) -> np.ndarray:
+    """``value`` as the one-element float array ``encode`` takes; ``TypeError`` unless it
+    is a real number (not a bool), ``ValueError`` unless it is finite."""
     if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
         raise TypeError(f"{metric}: expected a number, got {value!r}")
     if not math.isfinite(float(value)):

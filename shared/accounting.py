@@ -1,25 +1,16 @@
-"""Privacy accounting: pure local-DP budgets and approximate-DP (epsilon, delta) accounting.
+"""Privacy accounting: (epsilon, delta) of the Poisson-subsampled Gaussian mechanism.
 
-Two independent tools live here.
-
-1. **Pure epsilon-LDP budgets** (:func:`compose_pure`, :class:`PrivacyBudget`).
-   Under *basic sequential composition* (Dwork & Roth 2014, Theorem 3.16), releasing the
-   outputs of mechanisms that are ``eps_1``-, ..., ``eps_k``-DP about the same input is
-   ``(eps_1 + ... + eps_k)``-DP. The on-device client uses this to cap how much a single
-   device reveals across reports.
-
-2. **(epsilon, delta) accounting of the Poisson-subsampled Gaussian mechanism**
-   (:func:`gaussian_epsilon`, :func:`calibrate_noise_multiplier`), the mechanism behind
-   DP-SGD (Abadi et al. 2016) and, with users in place of examples, DP-FedAvg
-   (McMahan et al. 2018). These delegate to Google's ``dp-accounting`` package rather than
-   re-deriving the bounds by hand.
+:func:`gaussian_epsilon`, :func:`calibrate_noise_multiplier` and the rounds accountant
+cover the mechanism behind DP-SGD (Abadi et al. 2016) and, with users in place of
+examples, DP-FedAvg (McMahan et al. 2018). They delegate to Google's ``dp-accounting``
+package rather than re-deriving the bounds by hand. Pure epsilon budgets (basic
+composition, a sum of epsilons against a cap) are :mod:`shared.caps`.
 
 This module is imported by the on-device client, so it must stay light: it imports neither
 ``scipy`` nor ``dp_accounting`` at import time. ``dp_accounting`` (which pulls in ``scipy``)
 is imported lazily inside the functions that need it.
 
 References:
-    - C. Dwork, A. Roth. *The Algorithmic Foundations of Differential Privacy*. 2014.
     - M. Abadi et al. *Deep Learning with Differential Privacy*. CCS 2016.
     - I. Mironov. *Renyi Differential Privacy*. CSF 2017.
     - I. Mironov, K. Talwar, L. Zhang. *Renyi Differential Privacy of the Sampled Gaussian
@@ -36,7 +27,6 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -44,25 +34,17 @@ if TYPE_CHECKING:  # pragma: no cover - typing only, never executed at runtime
     from dp_accounting import DpEvent, PrivacyAccountant
 
 __all__ = [
-    "BUDGET_RELATIVE_TOLERANCE",
     "DEFAULT_CALIBRATION_TOL",
     "DEFAULT_VALUE_DISCRETIZATION_INTERVAL",
     "AccountingMethod",
-    "BudgetExceededError",
     "GaussianRoundsAccountant",
-    "PrivacyBudget",
     "calibrate_noise_multiplier",
-    "compose_pure",
     "gaussian_epsilon",
     "gaussian_rounds_epsilon",
 ]
 
 AccountingMethod = Literal["pld", "rdp"]
 _METHODS: tuple[str, ...] = ("pld", "rdp")
-
-#: Relative slack allowed when checking ``spent + epsilon <= limit``, so that floating-point
-#: rounding (e.g. ten spends of 0.1 against a limit of 1.0) does not reject an exact fit.
-BUDGET_RELATIVE_TOLERANCE = 1e-12
 
 #: Default absolute tolerance on the noise multiplier returned by
 #: :func:`calibrate_noise_multiplier`; gives at least 3 significant digits for z >= 0.01.
@@ -119,94 +101,6 @@ def _check_method(method: object) -> AccountingMethod:
     if method == "rdp":
         return "rdp"
     raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
-
-
-# --------------------------------------------------------------------------------------
-# Pure epsilon-DP: basic sequential composition
-# --------------------------------------------------------------------------------------
-
-
-class BudgetExceededError(ValueError):
-    """Raised when a spend would push a :class:`PrivacyBudget` past its limit."""
-
-    def __init__(self, requested: float, spent: float, limit: float) -> None:
-        self.requested = requested
-        self.spent = spent
-        self.limit = limit
-        super().__init__(
-            f"privacy budget exceeded: asked to spend epsilon={requested!r} with "
-            f"epsilon={spent!r} already spent against a cap of epsilon={limit!r} "
-            f"(remaining {max(0.0, limit - spent)!r})"
-        )
-
-
-def compose_pure(epsilons: Iterable[float]) -> float:
-    """Total epsilon of a sequence of pure epsilon-DP mechanisms under basic composition.
-
-    Sequential composition (Dwork & Roth 2014, Thm 3.16): if ``M_i`` is ``eps_i``-DP then
-    releasing ``(M_1(x), ..., M_k(x))`` is ``sum_i eps_i``-DP. The sum is computed with
-    :func:`math.fsum` so it is correctly rounded. An empty sequence composes to 0.
-
-    Raises:
-        ValueError: if any epsilon is not a finite real number > 0; the message names its
-            position and value.
-    """
-    values: list[float] = []
-    for i, eps in enumerate(epsilons):
-        values.append(_positive_finite(f"epsilons[{i}]", eps))
-    return math.fsum(values)
-
-
-@dataclass
-class PrivacyBudget:
-    """A pure epsilon-LDP budget with basic (additive) sequential composition.
-
-    ``limit`` is the total epsilon a device may ever spend; ``spent`` is the sum of the
-    epsilons of the accepted spends so far. A spend is accepted iff
-    ``spent + epsilon <= limit * (1 + 1e-12)`` (a tiny relative slack absorbs floating-point
-    rounding). A rejected spend leaves the budget unchanged. This is a pure-math object: it
-    performs no I/O and persistence is the caller's job.
-    """
-
-    limit: float
-    spent: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not _is_real(self.limit) or not math.isfinite(self.limit) or self.limit <= 0:
-            raise ValueError(
-                f"PrivacyBudget.limit must be a finite real number > 0, got {self.limit!r}"
-            )
-        if not _is_real(self.spent) or not math.isfinite(self.spent) or self.spent < 0:
-            raise ValueError(
-                f"PrivacyBudget.spent must be a finite real number >= 0, got {self.spent!r}"
-            )
-        self.limit = float(self.limit)
-        self.spent = float(self.spent)
-
-    @property
-    def remaining(self) -> float:
-        """Epsilon still available: ``max(0, limit - spent)``."""
-        return max(0.0, self.limit - self.spent)
-
-    def _fits(self, epsilon: float) -> bool:
-        return self.spent + epsilon <= self.limit * (1.0 + BUDGET_RELATIVE_TOLERANCE)
-
-    def can_spend(self, epsilon: float) -> bool:
-        """Whether ``spend(epsilon)`` would succeed. Raises ValueError on an invalid epsilon."""
-        return self._fits(_positive_finite("epsilon", epsilon))
-
-    def spend(self, epsilon: float) -> None:
-        """Charge ``epsilon`` to the budget.
-
-        Raises:
-            ValueError: if ``epsilon`` is not a finite real number > 0.
-            BudgetExceededError: if ``spent + epsilon`` would exceed ``limit`` (beyond the
-                1e-12 relative tolerance); the budget is left unchanged.
-        """
-        eps = _positive_finite("epsilon", epsilon)
-        if not self._fits(eps):
-            raise BudgetExceededError(eps, self.spent, self.limit)
-        self.spent += eps
 
 
 # --------------------------------------------------------------------------------------

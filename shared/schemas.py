@@ -9,6 +9,10 @@ numeric (values are reals clipped to [lower, upper]) and string (``rappor``:
 values are strings, hashed into a Bloom filter; the spec carries the Bloom
 filter and the randomized-response probabilities instead of an epsilon, and
 epsilon is derived from them, see ``rappor_epsilon_one``).
+
+The federated learning messages live in ``shared.federated.messages``: they are built
+on the federated task model, which itself uses the names and bounds defined here, so
+this module does not import them.
 """
 
 from __future__ import annotations
@@ -498,21 +502,3 @@ class IngestResult(BaseModel):
 
     accepted: int
     duplicates: int
-
-
-# --- estimates and federated learning --------------------------------------------------
-
-#: The federated messages (``shared.federated.messages``), importable from here too; they
-#: load on first use, as they need the federated task model, which needs this module.
-_FEDERATED_MESSAGES = frozenset(
-    {"EvaluationSet", "RoundOut", "RoundRecordOut", "TaskCreate", "TaskStatus",
-     "UpdateAccepted", "UpdateUpload"}
-)  # fmt: skip
-
-
-def __getattr__(name: str) -> Any:
-    if name in _FEDERATED_MESSAGES:
-        from shared.federated import messages
-
-        return getattr(messages, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,12 +3,12 @@
 The JSON of ``/v1/federated/...``: what an admin sends to create a task
 (:class:`TaskCreate`), what a device fetches (:class:`RoundOut`) and uploads
 (:class:`UpdateUpload`, answered by :class:`UpdateAccepted`), and a task's status
-(:class:`TaskStatus`). Vectors travel as base64 of little-endian float64.
+(:class:`TaskStatus`). Vectors travel as base64 of little-endian float64
+(:mod:`shared.federated.vectors`, whose codec is re-exported here).
 """
 
 from __future__ import annotations
 
-import base64
 from typing import Literal
 from uuid import UUID
 
@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.federated.models import ModelSpec
 from shared.federated.task import TaskConfig
+from shared.federated.vectors import decode_vector, encode_vector
 from shared.schemas import NAME_PATTERN
 
 __all__ = [
@@ -35,19 +36,6 @@ __all__ = [
 TaskStatusName = Literal["running", "completed", "budget_exhausted"]
 #: Largest public evaluation set a task may carry (rows).
 MAX_EVALUATION_ROWS = 100_000
-
-
-def encode_vector(vector: np.ndarray) -> str:
-    """base64 of the vector as little-endian float64."""
-    return base64.b64encode(np.asarray(vector, dtype="<f8").tobytes()).decode("ascii")
-
-
-def decode_vector(text: str) -> np.ndarray:
-    """The float64 vector of :func:`encode_vector`'s text (ValueError if malformed)."""
-    raw = base64.b64decode(text, validate=True)
-    if len(raw) % 8:
-        raise ValueError(f"{len(raw)} bytes is not a whole number of float64 values")
-    return np.frombuffer(raw, dtype="<f8").astype(np.float64)
 
 
 class EvaluationSet(BaseModel):

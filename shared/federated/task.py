@@ -27,7 +27,6 @@ that the service can store a task and pick it up again after a restart.
 
 from __future__ import annotations
 
-import base64
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,7 +35,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from shared.accounting import BUDGET_RELATIVE_TOLERANCE, GaussianRoundsAccountant
+from shared.accounting import GaussianRoundsAccountant
+from shared.caps import within_cap
 from shared.federated.fedavg import FedAvg, ServerState
 from shared.federated.models import LocalTraining, ModelSpec, make_model
 from shared.federated.privacy import (
@@ -48,6 +48,7 @@ from shared.federated.privacy import (
     PrivacyMode,
     PrivateAggregation,
 )
+from shared.federated.vectors import decode_vector, encode_vector
 from shared.randomness import RandomSource, Rng
 from shared.schemas import MAX_EPSILON, MIN_EPSILON
 
@@ -269,14 +270,6 @@ class RoundRecord:
     evaluation: dict[str, float] = field(default_factory=dict)
 
 
-def _encode_vector(vector: np.ndarray) -> str:
-    return base64.b64encode(np.asarray(vector, dtype="<f8").tobytes()).decode("ascii")
-
-
-def _decode_vector(text: str) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(text), dtype="<f8").astype(np.float64)
-
-
 @dataclass
 class TaskState:
     """A task in progress: the global model, the clip norm, the rounds and their cost."""
@@ -369,7 +362,7 @@ class TaskState:
             return
         worst = self.dp.accounting_noise_multiplier(self.config.min_clients)
         after = self._accountant().epsilon_after(worst)
-        if after > self.budget * (1.0 + BUDGET_RELATIVE_TOLERANCE) + 1e-9:
+        if not within_cap(after, self.budget):
             raise BudgetExhaustedError(
                 f"another round would bring epsilon to {after:.4g}, past the task's budget of "
                 f"{self.budget:.4g} (delta={self.config.delta:g})"
@@ -445,8 +438,8 @@ class TaskState:
         return {
             "config": self.config.model_dump(mode="json"),
             "noise_multiplier": self.noise_multiplier,
-            "params": _encode_vector(self.server.params),
-            "velocity": _encode_vector(self.server.velocity),
+            "params": encode_vector(self.server.params),
+            "velocity": encode_vector(self.server.velocity),
             "clip_norm": self.clip_norm,
             "round": self.round,
             "attempt": self.attempt,
@@ -460,7 +453,7 @@ class TaskState:
         return cls(
             TaskConfig.model_validate(data["config"]),
             float(data["noise_multiplier"]),
-            ServerState(_decode_vector(data["params"]), _decode_vector(data["velocity"])),
+            ServerState(decode_vector(data["params"]), decode_vector(data["velocity"])),
             float(data["clip_norm"]),
             int(data["round"]),
             int(data.get("attempt", 0)),

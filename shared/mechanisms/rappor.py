@@ -73,7 +73,7 @@ uses the same layout, and ``to_integers`` / ``from_integers`` convert. Payload:
 Server side: sufficient statistics are a ``CountStatistics`` whose counts are an
 (m, k + 1) table flattened row by row: N_j, the reports of cohort j, then c_jb,
 how many of them have bit b set (the reference "counts" file layout). They merge
-by addition. ``bloom_counts`` debiases them (REFERENCES.md):
+by addition. ``bloom_counts`` debiases them (Erlingsson et al. 2014, Section 4):
 
     t_jb = (c_jb - p* N_j) / (q* - p*),    q* - p* = (1 - f)(q - p),
 
@@ -93,7 +93,6 @@ import base64
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
 from itertools import combinations
@@ -101,7 +100,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from shared.estimates import Estimate, PostprocessedFrequencies
+from shared.estimates import Estimate
 from shared.hashing import keyed_stream, rappor_bloom_digests
 from shared.mechanisms.base import (
     Mechanism,
@@ -110,6 +109,12 @@ from shared.mechanisms.base import (
     decode_bits_field,
 )
 from shared.mechanisms.categorical import MAX_ENUMERATED_OUTPUTS, require_enumerable
+from shared.mechanisms.rappor_common import (
+    BloomCounts,
+    RapporEstimate,
+    distinct_per_row,
+    factorize_strings,
+)
 from shared.mechanisms.unary import bit_sums
 from shared.randomness import (
     BITS53,
@@ -176,143 +181,6 @@ def from_integers(values: Sequence[int] | np.ndarray, bits: int) -> np.ndarray:
             raise ValueError(f"integer at position {i} does not fit in {bits} bits")
         out[i] = np.frombuffer(number.to_bytes(row_bytes, "little"), dtype=np.uint8)
     return out
-
-
-def factorize_strings(values: Any, what: str = "value") -> tuple[list[str], np.ndarray]:
-    """Distinct strings (first-seen order) and each value's index among them.
-
-    One dictionary lookup per value (the fastest exact way: a numpy ``str_`` array
-    would drop trailing NULs), and the type and UTF-8 checks once per distinct string.
-    """
-    array = np.asarray(values, dtype=object)
-    if array.ndim != 1:
-        raise ValueError(f"{what}s must be a one-dimensional sequence, got shape {array.shape}")
-    index: dict[Any, int] = {}
-    try:
-        codes = np.fromiter(
-            (index.setdefault(v, len(index)) for v in array), dtype=np.int64, count=array.size
-        )
-    except TypeError:  # an unhashable element, certainly not a string: find it to name it
-        position = next(i for i, v in enumerate(array) if not isinstance(v, str))
-        raise ValueError(
-            f"{what}s must be strings; got {type(array[position]).__name__} at position {position}"
-        ) from None
-    distinct = list(index)
-    for i, text in enumerate(distinct):  # once per distinct string
-        problem = None
-        if not isinstance(text, str):
-            problem = f"must be a string, got {type(text).__name__} {text!r}"
-        else:
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:
-                problem = "is not valid Unicode (it holds a lone surrogate)"
-        if problem:
-            position = int(np.flatnonzero(codes == i)[0])
-            raise ValueError(f"{what} at position {position} {problem}")
-    return distinct, codes
-
-
-@dataclass(frozen=True)
-class BloomCounts:
-    """Debiased per-cohort Bloom counts: t_jb estimates how many reports set Bloom bit b."""
-
-    counts: np.ndarray  # (m, k) t_jb, unbiased
-    std: np.ndarray  # (m, k) plug-in std of t_jb (T_jb clipped to [0, N_j])
-    reports: np.ndarray  # (m,) N_j
-
-    @property
-    def fractions(self) -> np.ndarray:
-        """t_jb / N_j: the estimated share of cohort j's reports with bit b set (0 if N_j = 0)."""
-        with np.errstate(invalid="ignore", divide="ignore"):
-            share = self.counts / self.reports[:, None]
-        return np.where(self.reports[:, None] > 0, share, 0.0)
-
-
-@dataclass(frozen=True)
-class DetectedString:
-    """One detected candidate: estimated proportion, count, std and confidence interval."""
-
-    string: str
-    frequency: float
-    count: float
-    std: float
-    ci_low: float
-    ci_high: float
-
-
-@dataclass(frozen=True)
-class RapporEstimate(Estimate):
-    """Frequencies of candidate strings decoded from RAPPOR statistics.
-
-    ``frequencies[i]`` is the estimated share of the n reports whose value is
-    ``candidates[i]`` (constrained least squares: non-negative, summing to at most
-    1; a candidate's estimate is unbiased while it is well above 0, not near 0),
-    ``std[i]`` its standard error, ``detected[i]`` whether it passed the detection
-    test at ``alpha`` (``p_values`` one-sided, ``correction`` over all candidates),
-    ``selected[i]`` whether the LASSO kept it for the fit.
-
-    ``explained_mass`` is the total frequency the candidates take (it includes the
-    positive part of every absent candidate's noise, about 0.4 std each) and
-    ``unexplained_mass = 1 - explained_mass`` the rest, which belongs to strings
-    that are not candidates; ``background_mass`` is the part of it the fit
-    attributes to a uniform background (many rare strings outside the candidates).
-    ``detection_thresholds[i]`` is the frequency at which candidate i is detected
-    with probability 1/2, ``smallest_detectable_frequency`` their median.
-    ``residual_chi2`` on ``residual_dof`` degrees of freedom tests the fit
-    (``residual_p_value``). ``ci`` is the normal interval clipped to [0, 1].
-    """
-
-    candidates: tuple[str, ...]
-    detected: np.ndarray
-    p_values: np.ndarray
-    selected: np.ndarray
-    detection_thresholds: np.ndarray
-    explained_mass: float
-    explained_mass_std: float
-    unexplained_mass: float
-    background_mass: float
-    smallest_detectable_frequency: float
-    alpha: float
-    correction: str
-    residual_chi2: float
-    residual_dof: int
-
-    def ci(self, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
-        """``f ± z std`` clipped to [0, 1] (every true frequency lies there)."""
-        low, high = super().ci(level)
-        return np.clip(low, 0.0, 1.0), np.clip(high, 0.0, 1.0)
-
-    def detected_strings(self, level: float = 0.95) -> list[DetectedString]:
-        """The detected candidates, most frequent first."""
-        low, high = self.ci(level)
-        counts = self.counts
-        order = np.flatnonzero(self.detected)
-        order = order[np.argsort(-self.frequencies[order], kind="stable")]
-        return [
-            DetectedString(
-                self.candidates[i],
-                float(self.frequencies[i]),
-                float(counts[i]),
-                float(self.std[i]),
-                float(low[i]),
-                float(high[i]),
-            )
-            for i in order
-        ]
-
-    def postprocessed(self) -> PostprocessedFrequencies:
-        """The frequencies themselves: already non-negative with a sum of at most 1."""
-        return PostprocessedFrequencies(self.frequencies.copy(), "constrained-least-squares")
-
-    @property
-    def residual_p_value(self) -> float:
-        """P(chi2_dof >= residual_chi2): small when strings outside the candidates carry mass."""
-        from scipy import stats  # server side only
-
-        if self.residual_dof <= 0:
-            return 1.0
-        return float(stats.chi2.sf(self.residual_chi2, self.residual_dof))
 
 
 class Rappor(Mechanism[CountStatistics, Estimate]):
@@ -820,14 +688,6 @@ class Rappor(Mechanism[CountStatistics, Estimate]):
         )
         table = np.concatenate([per_cohort[:, None], ones], axis=1)
         return CountStatistics(int(counts.sum()), table.reshape(-1))
-
-
-def distinct_per_row(cells: np.ndarray) -> np.ndarray:
-    """Sort each row and replace repeated entries by -1 (a value sets a Bloom bit once)."""
-    order = np.sort(cells, axis=1)
-    repeated = np.zeros(order.shape, dtype=bool)
-    repeated[:, 1:] = order[:, 1:] == order[:, :-1]
-    return np.where(repeated, -1, order)
 
 
 def _check_secret(secret: Any, position: int) -> bytes:

@@ -28,7 +28,7 @@ into the candidates, a little into each.
    about Phi(2) = 0.977. Solved by a working-set method: the non-negative quadratic
    program on the working set (the background always in it, unpenalized), then the
    KKT conditions of every candidate from one sparse product, adding the worst
-   violators until none is left. Each quadratic program (``_nonnegative_qp``) runs
+   violators until none is left. Each quadratic program (``nonnegative_qp``) runs
    accelerated projected gradient, warm-started, to KKT conditions within 1e-7
    standard errors, then is polished to the exact solution of the equations on its
    positive set (Lawson-Hanson NNLS if that fails). Deterministic: no
@@ -67,15 +67,16 @@ import math
 import warnings
 from collections.abc import Sequence
 from statistics import NormalDist
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shared.mechanisms.rappor import RapporEstimate, distinct_per_row, factorize_strings
+from shared.mechanisms.rappor_common import (
+    BloomDecodable,
+    RapporEstimate,
+    distinct_per_row,
+    factorize_strings,
+)
 from shared.statistics import CountStatistics
-
-if TYPE_CHECKING:
-    from shared.mechanisms.rappor import Rappor
 
 #: Selection runs (``"auto"``) when the candidates outnumber this share of the m k rows.
 LASSO_WHEN_CANDIDATES_EXCEED = 0.25
@@ -94,7 +95,7 @@ FISTA_ITERATIONS = 20_000
 
 
 def decode(
-    mech: Rappor,
+    mech: BloomDecodable,
     stats: CountStatistics,
     candidates: Sequence[str],
     *,
@@ -183,7 +184,7 @@ class _Problem:
     """
 
     def __init__(
-        self, mech: Rappor, stats: CountStatistics, candidates: list[str], background: bool
+        self, mech: BloomDecodable, stats: CountStatistics, candidates: list[str], background: bool
     ) -> None:
         from scipy import sparse
 
@@ -235,7 +236,7 @@ class _Problem:
         working = self.extra.copy()
         coef = np.zeros(working.size)
         if working.size:
-            coef = _nonnegative_qp(self.gram(working), self.xty[working])
+            coef = nonnegative_qp(self.gram(working), self.xty[working])
         residual = self.y - self.x[:, working] @ coef
         for _ in range(10_000):  # each round adds at least one candidate: terminates
             violation = (self.xt @ residual - penalty) / np.sqrt(self.norms_sq)
@@ -250,7 +251,7 @@ class _Problem:
             order = np.argsort(working, kind="stable")
             working, start = working[order], start[order]
             target = self.xty[working] - penalty[working]
-            coef = _nonnegative_qp(self.gram(working), target, start)
+            coef = nonnegative_qp(self.gram(working), target, start)
             residual = self.y - self.x[:, working] @ coef
         chosen = working[coef > 0]
         return chosen[~np.isin(chosen, self.extra)]
@@ -264,7 +265,7 @@ class _Problem:
             return np.zeros(0)
         gram, target = self.gram(columns), self.xty[columns]
         counted = (~np.isin(columns, self.extra)).astype(np.float64)  # the sum's weights
-        coef = _nonnegative_qp(gram, target)
+        coef = nonnegative_qp(gram, target)
         if counted @ coef <= 1.0:
             return coef
         # The sum binds: find mu >= 0 with e'x(mu) = 1, x(mu) the solution for
@@ -287,7 +288,7 @@ class _Problem:
             slope = float(counted[free] @ direction)
             step = mu + (total - 1.0) / slope if slope > 0 else math.nan
             mu = step if low < step < high else (low + high) / 2
-            coef = _nonnegative_qp(gram, target - mu * counted, coef)
+            coef = nonnegative_qp(gram, target - mu * counted, coef)
             if high - low <= 1e-15 * max(1.0, high):
                 break
         total = float(counted @ coef)
@@ -340,7 +341,7 @@ class _Problem:
         return float((((self.y - fitted) ** 2) / omega).sum())
 
 
-def _nonnegative_qp(
+def nonnegative_qp(
     gram: np.ndarray, target: np.ndarray, start: np.ndarray | None = None
 ) -> np.ndarray:
     """argmin_{x >= 0} 1/2 x' G x - b' x for positive definite G (a Gram matrix).
@@ -430,4 +431,4 @@ def _benjamini_hochberg(p_values: np.ndarray, alpha: float) -> np.ndarray:
     return detected
 
 
-__all__ = ["decode"]
+__all__ = ["decode", "nonnegative_qp"]

@@ -70,7 +70,7 @@ import numpy as np
 
 from shared.mechanisms import make_mechanism
 from shared.mechanisms.rappor import Rappor, RapporEstimate
-from shared.mechanisms.rappor_decode import _nonnegative_qp
+from shared.mechanisms.rappor_decode import nonnegative_qp
 from shared.schemas import MechanismSpec
 from shared.statistics import CountStatistics
 
@@ -243,18 +243,18 @@ def _capped_fit(
 
 def _sum_constrained(gram: np.ndarray, target: np.ndarray) -> np.ndarray:
     """argmin 1/2 x'Gx - b'x over x >= 0, sum x <= 1 (bisection on the sum's multiplier)."""
-    coef = _nonnegative_qp(gram, target)
+    coef = nonnegative_qp(gram, target)
     if coef.sum() <= 1.0:
         return coef
     low, high = 0.0, float(max(target.max(), 0.0)) + 1.0
     for _ in range(100):
         mu = (low + high) / 2
-        coef = _nonnegative_qp(gram, target - mu, coef)
+        coef = nonnegative_qp(gram, target - mu, coef)
         if coef.sum() > 1.0:
             low = mu
         else:
             high = mu
-    coef = _nonnegative_qp(gram, target - high, coef)
+    coef = nonnegative_qp(gram, target - high, coef)
     return coef / max(1.0, coef.sum())
 
 

@@ -1,4 +1,4 @@
-"""Tests for shared.accounting: pure-LDP budgets and subsampled-Gaussian accounting."""
+"""Tests for shared.accounting: subsampled-Gaussian accounting."""
 
 from __future__ import annotations
 
@@ -9,16 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from shared.accounting import (
-    BUDGET_RELATIVE_TOLERANCE,
     AccountingMethod,
-    BudgetExceededError,
-    PrivacyBudget,
     calibrate_noise_multiplier,
-    compose_pure,
     gaussian_epsilon,
 )
 
@@ -236,125 +230,6 @@ def test_numpy_integer_steps_accepted() -> None:
     assert gaussian_epsilon(1.0, 0.01, np.int64(10), DELTA, "rdp") == gaussian_epsilon(
         1.0, 0.01, 10, DELTA, "rdp"
     )
-
-
-# --------------------------------------------------------------------------------------
-# Pure composition and PrivacyBudget
-# --------------------------------------------------------------------------------------
-
-
-def test_compose_pure_sums() -> None:
-    assert compose_pure([0.5, 1.0, 0.25]) == 1.75
-    assert compose_pure([0.1] * 10) == 1.0
-    assert compose_pure([]) == 0.0
-    assert compose_pure(x for x in (1.0, 2.0)) == 3.0
-
-
-@pytest.mark.parametrize("bad", [0.0, -0.1, math.inf, math.nan, None, "0.1"])
-def test_compose_pure_rejects_invalid_with_position(bad: Any) -> None:
-    with pytest.raises(ValueError, match=r"epsilons\[2\]") as info:
-        compose_pure([0.1, 0.2, bad, 0.3])
-    assert repr(bad) in str(info.value)
-
-
-def test_budget_spends_accumulate() -> None:
-    b = PrivacyBudget(limit=2.0)
-    assert b.spent == 0.0 and b.remaining == 2.0
-    b.spend(0.5)
-    b.spend(0.25)
-    assert b.spent == 0.75
-    assert b.remaining == 1.25
-    assert b.can_spend(1.25)
-    assert not b.can_spend(1.5)
-
-
-def test_budget_exact_fit_at_limit() -> None:
-    b = PrivacyBudget(limit=1.0)
-    for _ in range(10):
-        b.spend(0.1)  # float sum is 0.9999999999999999; must fit
-    assert b.spent == pytest.approx(1.0)
-    assert b.remaining == pytest.approx(0.0, abs=1e-12)
-    b2 = PrivacyBudget(limit=1.0)
-    for eps in (0.1, 0.2, 0.7):  # float sum is 1.0000000000000002; within tolerance
-        b2.spend(eps)
-    assert b2.remaining == 0.0
-    assert not b2.can_spend(1e-6)
-    b3 = PrivacyBudget(limit=3.0)
-    b3.spend(3.0)
-    assert b3.remaining == 0.0
-
-
-def test_budget_overspend_raises_and_leaves_state() -> None:
-    b = PrivacyBudget(limit=1.0)
-    b.spend(0.75)
-    with pytest.raises(BudgetExceededError) as info:
-        b.spend(0.5)
-    assert b.spent == 0.75
-    msg = str(info.value)
-    assert "0.5" in msg and "0.75" in msg and "1.0" in msg
-    assert info.value.requested == 0.5
-    assert info.value.spent == 0.75
-    assert info.value.limit == 1.0
-    assert isinstance(info.value, ValueError)
-    # A smaller spend still fits afterwards.
-    b.spend(0.25)
-    assert b.spent == 1.0
-
-
-@pytest.mark.parametrize("bad", [0.0, -0.5, math.inf, -math.inf, math.nan, None, "0.1", True])
-def test_budget_rejects_invalid_epsilon(bad: Any) -> None:
-    b = PrivacyBudget(limit=1.0, spent=0.25)
-    with pytest.raises(ValueError, match="epsilon") as info:
-        b.spend(bad)
-    assert not isinstance(info.value, BudgetExceededError)
-    with pytest.raises(ValueError, match="epsilon"):
-        b.can_spend(bad)
-    assert b.spent == 0.25
-
-
-@pytest.mark.parametrize("bad", [0.0, -1.0, math.inf, math.nan, None])
-def test_budget_rejects_invalid_limit(bad: Any) -> None:
-    with pytest.raises(ValueError, match="limit"):
-        PrivacyBudget(limit=bad)
-
-
-@pytest.mark.parametrize("bad", [-1e-9, math.inf, math.nan, None])
-def test_budget_rejects_invalid_spent(bad: Any) -> None:
-    with pytest.raises(ValueError, match="spent"):
-        PrivacyBudget(limit=1.0, spent=bad)
-
-
-def test_budget_remaining_clamps_at_zero() -> None:
-    b = PrivacyBudget(limit=1.0, spent=1.5)
-    assert b.remaining == 0.0
-    assert not b.can_spend(0.01)
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    limit=st.floats(min_value=1e-3, max_value=100.0),
-    epsilons=st.lists(st.floats(min_value=1e-6, max_value=50.0), max_size=60),
-)
-def test_budget_property(limit: float, epsilons: list[float]) -> None:
-    b = PrivacyBudget(limit=limit)
-    accepted: list[float] = []
-    running = 0.0
-    for eps in epsilons:
-        before = b.spent
-        fits = b.can_spend(eps)
-        try:
-            b.spend(eps)
-        except BudgetExceededError:
-            assert not fits
-            assert b.spent == before
-        else:
-            assert fits
-            accepted.append(eps)
-            running += eps
-        assert b.spent <= limit * (1 + BUDGET_RELATIVE_TOLERANCE)
-        assert b.spent == running
-        assert b.remaining == max(0.0, limit - b.spent)
-    assert b.spent == pytest.approx(math.fsum(accepted), rel=1e-12, abs=0.0)
 
 
 # --------------------------------------------------------------------------------------

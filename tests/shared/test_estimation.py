@@ -8,7 +8,7 @@ estimates are compared with the theory:
   frequency, their empirical variance is the full Wang et al. (2017) formula
   q (1 - q) / (n (p - q)^2) + f (1 - p - q) / (n (p - q)) at the *true* f, the
   95% intervals cover at the nominal rate, ``std`` is that formula at the
-  clipped estimate, ``variance(n)`` is the REFERENCES.md table, and the
+  clipped estimate, ``variance(n)`` is the table of Wang et al. 2017, and the
   post-processed frequencies are the Euclidean projection onto the simplex;
 * numeric (means): the mean estimate is unbiased for the mean of the *clipped*
   values, its variance is mean(report_variance(x_i)) / n, ``variance(n)`` is
@@ -361,7 +361,7 @@ def test_counts_and_postprocessing(case: CategoricalCase) -> None:
         )
 
 
-# --- analytical parameters and variances, from REFERENCES.md and the docstrings -----------
+# --- analytical parameters and variances (Wang et al., USENIX Security 2017) --------------
 
 
 def olh_collision_by_enumeration(d: int, g: int) -> float:
@@ -380,7 +380,7 @@ def olh_collision_by_enumeration(d: int, g: int) -> float:
 
 
 def reference_pq(name: str, eps: float, d: int) -> tuple[float, float]:
-    """(p, q) from REFERENCES.md (grr, sue, oue), and the olh / hr module docstrings."""
+    """(p, q) of grr, sue, oue (Wang et al. 2017), and the olh / hr module docstrings."""
     e = math.exp(eps)
     if name == "grr":
         return e / (e + d - 1), 1 / (e + d - 1)
@@ -398,7 +398,7 @@ def reference_pq(name: str, eps: float, d: int) -> tuple[float, float]:
     raise LookupError(f"no reference (p, q) for {name!r}: add it to reference_pq")
 
 
-#: Leading variance n Var[f_v] at f_v = 0, as tabulated (REFERENCES.md; hr: its docstring).
+#: Leading variance n Var[f_v] at f_v = 0 (Wang et al. 2017; hr: its docstring).
 TABLE_VARIANCE: dict[str, Callable[[float, int], float]] = {
     "grr": lambda eps, d: (math.exp(eps) + d - 2) / (math.exp(eps) - 1) ** 2,
     "sue": lambda eps, d: math.exp(eps / 2) / (math.exp(eps / 2) - 1) ** 2,

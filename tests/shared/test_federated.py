@@ -412,7 +412,8 @@ def test_rounds_accountant_matches_dp_accounting_directly(method: str) -> None:
 
 
 def test_rounds_accountant_reference_figure() -> None:
-    """REFERENCES.md: q = 0.01, z = 1.1, T = 1000, delta = 1e-5: 1.712 (RDP)."""
+    """RDP of the subsampled Gaussian (Mironov, Talwar, Zhang 2019) at q = 0.01, z = 1.1,
+    T = 1000, delta = 1e-5: epsilon 1.712."""
     running = GaussianRoundsAccountant(0.01, 1e-5, "rdp", {1.1: 999})
     assert round(running.epsilon_after(1.1), 3) == 1.712
     assert GaussianRoundsAccountant(0.01, 1e-5).epsilon() == 0.0

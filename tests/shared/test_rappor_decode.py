@@ -33,7 +33,7 @@ from scipy import stats
 
 from shared.mechanisms import make_mechanism
 from shared.mechanisms.rappor import Rappor, RapporEstimate
-from shared.mechanisms.rappor_decode import _nnls_exact, _nonnegative_qp
+from shared.mechanisms.rappor_decode import _nnls_exact, nonnegative_qp
 from shared.schemas import MechanismSpec
 from shared.statistics import CountStatistics
 
@@ -333,7 +333,7 @@ def test_nonnegative_qp_matches_lawson_hanson(seed: int) -> None:
     design = (rng.random((300, 60)) < 0.1).astype(float) * rng.uniform(1, 3, 300)[:, None]
     gram = design.T @ design
     target = design.T @ (design @ np.maximum(rng.normal(0, 1, 60), 0) + rng.normal(0, 1, 300))
-    x = _nonnegative_qp(gram, target)
+    x = nonnegative_qp(gram, target)
     np.testing.assert_allclose(x, _nnls_exact(gram, target), rtol=1e-7, atol=1e-9)
     gradient = gram @ x - target
     assert np.all(x >= 0)

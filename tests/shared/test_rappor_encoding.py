@@ -1,7 +1,7 @@
 """RAPPOR on the device: Bloom hashing, bit layout, memoized PRR, fresh IRR, cohorts, reports.
 
 * the Bloom filter matches the reference client byte for byte (MD5 of BE32(cohort) ||
-  UTF-8(value), byte i mod k) on fixed digests and the REFERENCES.md test vector;
+  UTF-8(value), byte i mod k) on fixed digests and the reference client's test vector;
 * bit i of a Bloom filter or report is ``1 << i`` of its integer and bit ``i % 8`` of byte
   ``i // 8``, for k up to 1024;
 * the permanent response is memoized (same secret and Bloom filter, same PRR, whatever the
@@ -65,7 +65,7 @@ def binomial_ok(successes: int, trials: int, probability: float, alpha: float = 
 
 
 def test_reference_test_vector() -> None:
-    """REFERENCES.md: k = 16, h = 2, cohort 0, "abc" sets bits {6, 13}."""
+    """The reference client (google/rappor): k = 16, h = 2, cohort 0, "abc" sets bits {6, 13}."""
     mech = rappor(16, 2, 4)
     assert mech.bloom(["abc"], [0])[0] == (1 << 6) | (1 << 13)
     assert mech.bloom_bit_indices(["abc"], [0]).tolist() == [[6, 13]]

@@ -4,7 +4,7 @@ test_privacy.py runs the registry-wide check on RAPPOR (one report, every pair o
 filters, tight at epsilon_one for k >= 2h). Here:
 
 * epsilon_one and epsilon_infinity against the paper's formulas computed independently, and
-  the figures REFERENCES.md quotes for the reference regression tests;
+  the figures of the reference implementation's (google/rappor) regression tests;
 * the permanent response alone: the largest likelihood ratio over every pair of Bloom
   filters is exactly e^epsilon_infinity (tight for k >= 2h);
 * any number of reports of one value (memoized PRR, fresh IRRs): the joint distribution
