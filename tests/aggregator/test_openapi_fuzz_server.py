@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -78,22 +79,34 @@ def needed_role(case: schemathesis.Case) -> str | None:
     return "admin"
 
 
+def refused_by_the_http_server(response: Any) -> bool:
+    """uvicorn's own answer to a request line it will not parse (generated queries can run
+    to megabytes): a plain-text 400 sent before the application sees the request."""
+    return (
+        response.status_code == 400
+        and response.headers.get("content-type", [""])[0].startswith("text/plain")
+        and response.text == "Invalid HTTP request received."
+    )
+
+
 @schema.parametrize()
 def test_every_operation_with_every_role(case: schemathesis.Case, server: Server) -> None:
     needed = needed_role(case)
     excluded = [positive_data_acceptance] if case.operation.label in CROSS_FIELD_RULES else []
     for role in (*ROLES, None):
         headers = server.headers(role) if role else {}
-        if needed is None or role == needed:
-            case.call_and_validate(base_url=server.url, headers=headers, excluded_checks=excluded)
-            continue
         response = case.call(base_url=server.url, headers=headers)
         assert response.status_code < 500, (role, case.operation.label, response.text[:500])
+        if refused_by_the_http_server(response):
+            continue
+        if needed is None or role == needed:
+            case.validate_response(response, excluded_checks=excluded)
+            continue
         # No key: 401; a key of another role (an admin key is admitted everywhere): 403.
-        # A method the route does not have is 405, and a request that fails validation
-        # before authentication may be 422.
+        # A method the route does not have is 405, and a body that does not parse (400) or
+        # validate (422) may be refused before authentication.
         if role != "admin":
-            refusals = (401 if role is None else 403, 405, 422)
+            refusals = (401 if role is None else 403, 400, 405, 422)
             assert response.status_code in refusals, (role, case.operation.label, response.text)
 
 
