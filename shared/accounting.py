@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:  # pragma: no cover - typing only, never executed at runtime
@@ -36,11 +37,14 @@ if TYPE_CHECKING:  # pragma: no cover - typing only, never executed at runtime
 __all__ = [
     "DEFAULT_CALIBRATION_TOL",
     "DEFAULT_VALUE_DISCRETIZATION_INTERVAL",
+    "MAX_CALIBRATION_EVALUATIONS",
+    "MAX_PLD_POINTS",
     "AccountingMethod",
     "GaussianRoundsAccountant",
     "calibrate_noise_multiplier",
     "gaussian_epsilon",
     "gaussian_rounds_epsilon",
+    "pld_discretization",
 ]
 
 AccountingMethod = Literal["pld", "rdp"]
@@ -54,6 +58,27 @@ DEFAULT_CALIBRATION_TOL = 1e-5
 #: faster and remain *valid* upper bounds on epsilon (the PLD accountant discretizes
 #: pessimistically), only less tight.
 DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-4
+
+#: Most points the PLD accountant's privacy-loss grid may need. The PLD of ``T`` rounds
+#: spans a range of privacy losses ``W`` (in nats) that grows with epsilon; at interval
+#: ``h`` its grid (the FFT length of the composition) holds about ``W / h`` points. The
+#: interval is coarsened to ``W / MAX_PLD_POINTS`` when the requested one would need more
+#: (see :func:`pld_discretization`), which keeps every PLD evaluation to one FFT of at most
+#: this length. Below it the requested interval is used unchanged.
+MAX_PLD_POINTS = 2**21
+
+#: Most epsilon evaluations :func:`calibrate_noise_multiplier` makes (bracket search and
+#: Brent's method together); each is one bounded accountant call.
+MAX_CALIBRATION_EVALUATIONS = 120
+
+#: Relative tolerance added to the absolute one in calibration: epsilon is computed to
+#: about 1e-12 relative precision, so asking a multiplier of 1e5 for an absolute 1e-5 would
+#: chase rounding noise.
+_CALIBRATION_RTOL = 1e-9
+
+#: Tail mass ``tau`` dp-accounting drops (pessimistically, into the infinite loss) when it
+#: composes a PLD; the grid covers the losses outside of which at most ``tau`` lies.
+_PLD_TAIL_MASS = 1e-15
 
 
 # --------------------------------------------------------------------------------------
@@ -129,6 +154,84 @@ def _make_accountant(
     return rdp.RdpAccountant()
 
 
+def _rounds_accountant(
+    rounds: dict[float, int],
+    sample_rate: float,
+    method: AccountingMethod,
+    value_discretization_interval: float,
+) -> PrivacyAccountant:
+    accountant = _make_accountant(method, value_discretization_interval)
+    for z, count in sorted(rounds.items()):
+        accountant.compose(_subsampled_gaussian_event(z, sample_rate, count))
+    return accountant
+
+
+def _loss_range(rounds: dict[float, int], sample_rate: float) -> float:
+    """An upper estimate ``W`` of the privacy-loss range (nats) the PLD grid must cover.
+
+    For each multiplier ``z`` run ``n`` times, the composed loss ``L`` exceeds the RDP
+    bound ``eps_RDP(tau)`` (the RDP conversion at delta ``tau``, Mironov 2017) with
+    probability at most ``tau``, and falls below ``-log(2 / tau)`` with probability at
+    most ``tau / 2`` (Markov on ``E[exp(-L)] = 1``). dp-accounting bounds the composed
+    range with Chernoff orders no larger than ``20 / (one round's grid)``, which widens it
+    by about one round's loss range; one unsampled Gaussian round's losses lie in
+    ``mu^2 / 2 +- 8 mu`` with ``mu = 1 / z``, a width below ``1 / z^2 + 16 / z``, and
+    sampling only narrows it. Composing the multipliers adds their ranges::
+
+        W = sum_z [ eps_RDP,z(tau) + log(2 / tau) + 1 / z^2 + 16 / z ]
+    """
+    width = 0.0
+    for z, count in rounds.items():
+        upper = float(_rounds_accountant({z: count}, sample_rate, "rdp", 1.0).get_epsilon(
+            _PLD_TAIL_MASS
+        ))
+        width += upper + math.log(2.0 / _PLD_TAIL_MASS) + z**-2 + 16.0 / z
+    return width
+
+
+def pld_discretization(
+    rounds: dict[float, int], sample_rate: float, value_discretization_interval: float
+) -> float:
+    """The PLD interval used for ``rounds``: the requested one, or coarser if needed.
+
+    ``max(h, W / MAX_PLD_POINTS)`` with ``W`` from :func:`_loss_range`, so that the grid
+    of the composition holds at most about ``MAX_PLD_POINTS`` points whatever the rounds,
+    sampling rate and multipliers. A coarser interval is still a valid upper bound on
+    epsilon: dp-accounting rounds every loss up (pessimistic estimate; Koskela et al.
+    2020, Doroshenko et al. 2022) and moves truncated tails to the infinite loss.
+    Costs one RDP evaluation per distinct multiplier.
+
+    Raises:
+        ValueError: when no finite range bounds the losses (the rounds are not private).
+    """
+    width = _loss_range(rounds, sample_rate)
+    if not math.isfinite(width):
+        raise ValueError(f"the privacy loss of rounds {rounds} at q={sample_rate:g} is unbounded")
+    return max(value_discretization_interval, width / MAX_PLD_POINTS)
+
+
+def _rounds_epsilon(
+    rounds: dict[float, int],
+    sample_rate: float,
+    delta: float,
+    method: AccountingMethod,
+    value_discretization_interval: float,
+) -> float:
+    """Epsilon of validated, non-empty ``rounds``; PLD on a grid of bounded size.
+
+    Losses so large that the PLD grid's interval overflows a float's exponential are
+    answered with ``inf``, an upper bound like any other.
+    """
+    interval = value_discretization_interval
+    if method == "pld":
+        interval = pld_discretization(rounds, sample_rate, interval)
+    try:
+        accountant = _rounds_accountant(rounds, sample_rate, method, interval)
+    except OverflowError:
+        return math.inf
+    return float(accountant.get_epsilon(delta))
+
+
 def gaussian_epsilon(
     noise_multiplier: float,
     sample_rate: float,
@@ -160,7 +263,9 @@ def gaussian_epsilon(
         "connect the dots"). The per-step PLD is discretized with step
         ``value_discretization_interval``, self-composed by FFT convolution, and epsilon is
         read off the hockey-stick divergence. Nearly tight and always a valid (pessimistic)
-        upper bound; a coarser interval is faster and looser.
+        upper bound; a coarser interval is faster and looser. The interval is coarsened
+        where the requested one would need a grid of more than ``MAX_PLD_POINTS`` points
+        (:func:`pld_discretization`), so one call costs at most one FFT of that length.
 
     Args:
         noise_multiplier: ``z`` = noise standard deviation / L2 sensitivity; finite > 0.
@@ -183,10 +288,7 @@ def gaussian_epsilon(
     d = _check_delta(delta)
     m = _check_method(method)
     vdi = _positive_finite("value_discretization_interval", value_discretization_interval)
-
-    accountant = _make_accountant(m, vdi)
-    accountant.compose(_subsampled_gaussian_event(z, q, t))
-    return float(accountant.get_epsilon(d))
+    return _rounds_epsilon({z: t}, q, d, m, vdi)
 
 
 def calibrate_noise_multiplier(
@@ -202,12 +304,23 @@ def calibrate_noise_multiplier(
     """Smallest noise multiplier ``z`` whose ``steps``-fold subsampled Gaussian is
     ``(target_epsilon, delta)``-DP.
 
-    Epsilon (as computed by :func:`gaussian_epsilon`) is decreasing in ``z``, so this solves
-    ``gaussian_epsilon(z, ...) = target_epsilon`` with
-    :func:`dp_accounting.calibrate_dp_mechanism` (Brent's method on a bracket grown from
-    ``[0, 1]``, with a bisection fallback). ``dp-accounting`` guarantees that the returned
-    ``z`` is within ``tol`` of the exact minimal ``z*`` *and* satisfies the target, i.e.
-    ``gaussian_epsilon(z, ...) <= target_epsilon`` for the same method and discretization.
+    Epsilon (as computed by :func:`gaussian_epsilon`) is decreasing in ``z``, so this
+    solves ``eps(z) = target_epsilon`` by Brent's method (``scipy.optimize.brentq``) on a
+    bracket ``[lo, hi]`` with ``eps(lo) > target >= eps(hi)``, found cheaply:
+
+    1. RDP: ``hi`` doubles from 1 (``lo`` halves from 1/2) until the bracket holds, then
+       Brent gives ``z_RDP``.
+    2. PLD only: since PLD is tighter than RDP, ``z* <= z_RDP``; the bracket is
+       ``[z_RDP / 2^k, z_RDP 2^j]`` with ``k`` and ``j`` as small as hold (usually
+       ``k = 1, j = 0``), then Brent again. Where RDP cannot reach the target at all
+       (its finite orders put a floor under its epsilon), PLD starts from ``z = 1``.
+
+    The returned ``z`` is within ``tol + 1e-9 z`` of the exact minimal ``z*`` of the chosen
+    method *and* satisfies the target, ``gaussian_epsilon(z, ...) <= target_epsilon``:
+    Brent's root ``r`` is kept if it meets the target, else ``r`` plus that tolerance, else
+    the bracket's upper end. Each stage makes at most ``MAX_CALIBRATION_EVALUATIONS``
+    epsilon evaluations (ArithmeticError beyond), each bounded as in
+    :func:`gaussian_epsilon`.
 
     See :func:`gaussian_epsilon` for the mechanism, the methods and the references
     (Abadi et al. 2016; Mironov 2017; Koskela et al. 2020; Doroshenko et al. 2022;
@@ -221,12 +334,12 @@ def calibrate_noise_multiplier(
         method: ``"pld"`` (default) or ``"rdp"``.
         tol: absolute tolerance on ``z``; the default 1e-5 gives at least 3 significant
             digits for any ``z >= 0.01``. Finite > 0.
-        value_discretization_interval: PLD discretization step (ignored for RDP). Each PLD
-            evaluation costs roughly ``1 / value_discretization_interval``; with the default
-            1e-4 a calibration over 1000 steps takes ~10 s, with 1e-3 about 1 s.
+        value_discretization_interval: PLD discretization step (ignored for RDP); each PLD
+            evaluation costs an FFT of about ``W / value_discretization_interval`` points.
 
     Raises:
         ValueError: on any invalid argument; the message names it and its value.
+        ArithmeticError: when no multiplier is found within the evaluation budget.
     """
     eps = _positive_finite("target_epsilon", target_epsilon)
     q = _check_sample_rate(sample_rate)
@@ -236,36 +349,53 @@ def calibrate_noise_multiplier(
     tolerance = _positive_finite("tol", tol)
     vdi = _positive_finite("value_discretization_interval", value_discretization_interval)
 
-    import dp_accounting
+    def gap(use: AccountingMethod) -> Callable[[float], float]:
+        """``eps(z) - target`` by ``use``, refused past the evaluation budget."""
+        evaluations = 0
 
-    def make_fresh_accountant() -> PrivacyAccountant:
-        return _make_accountant(m, vdi)
+        def over(z: float) -> float:
+            nonlocal evaluations
+            evaluations += 1
+            if evaluations > MAX_CALIBRATION_EVALUATIONS:
+                raise ArithmeticError(
+                    f"no noise multiplier reaches epsilon {eps:g} at delta={d:g} over {t} "
+                    f"rounds at q={q:g} within {MAX_CALIBRATION_EVALUATIONS} {use} evaluations"
+                )
+            return _rounds_epsilon({z: t}, q, d, use, vdi) - eps
 
-    def make_event_from_param(z: float) -> DpEvent:
-        # The bracket search starts at z = 0, which dp-accounting treats as non-private
-        # (epsilon = inf); that is what we want for a lower endpoint.
-        return _subsampled_gaussian_event(float(z), q, t)
+        return over
 
-    z = dp_accounting.calibrate_dp_mechanism(
-        make_fresh_accountant,
-        make_event_from_param,
-        target_epsilon=eps,
-        target_delta=d,
-        tol=tolerance,
-    )
-    return float(z)
+    if m == "rdp":
+        return _solve_decreasing(gap("rdp"), 1.0, 0.5, tolerance)
+    try:
+        start = _solve_decreasing(gap("rdp"), 1.0, 0.5, tolerance)
+    except ArithmeticError:  # RDP's orders cannot reach the target: PLD searches alone
+        start = 1.0
+    return _solve_decreasing(gap("pld"), start, start / 2.0, tolerance)
 
 
-def _rounds_accountant(
-    rounds: dict[float, int],
-    sample_rate: float,
-    method: AccountingMethod,
-    value_discretization_interval: float,
-) -> PrivacyAccountant:
-    accountant = _make_accountant(method, value_discretization_interval)
-    for z, count in sorted(rounds.items()):
-        accountant.compose(_subsampled_gaussian_event(z, sample_rate, count))
-    return accountant
+def _solve_decreasing(
+    gap: Callable[[float], float], high: float, low: float, tol: float
+) -> float:
+    """The smallest ``z`` (within ``tol``) with ``gap(z) <= 0``, for ``gap`` decreasing.
+
+    ``high`` doubles while ``gap(high) > 0`` and ``low`` halves while ``gap(low) <= 0``;
+    Brent's method then finds the root in ``[low, high]`` to within
+    ``tol + _CALIBRATION_RTOL * z``, and the first of the root, the root plus that step and
+    ``high`` that meets the target is returned.
+    """
+    from scipy import optimize
+
+    while gap(high) > 0:
+        low, high = high, 2.0 * high
+    while low < high and gap(low) <= 0:
+        high, low = low, low / 2.0
+    root = float(optimize.brentq(gap, low, high, xtol=tol, rtol=_CALIBRATION_RTOL))
+    step = tol + _CALIBRATION_RTOL * root
+    for candidate in (root, root + step):
+        if candidate <= high and gap(candidate) <= 0:
+            return candidate
+    return high
 
 
 def gaussian_rounds_epsilon(
@@ -281,8 +411,8 @@ def gaussian_rounds_epsilon(
     ``rounds`` maps a noise multiplier ``z`` to the number of rounds run with it; the
     events ``SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(z)), count)`` are
     composed in one accountant (RDP adds the orders' divergences, PLD convolves the loss
-    distributions). With a single ``z`` this is :func:`gaussian_epsilon`. No rounds at all
-    spend nothing: epsilon 0.
+    distributions, on a grid of at most about ``MAX_PLD_POINTS`` points). With a single
+    ``z`` this is :func:`gaussian_epsilon`. No rounds at all spend nothing: epsilon 0.
 
     Raises:
         ValueError: on any invalid argument; the message names it and its value.
@@ -297,7 +427,7 @@ def gaussian_rounds_epsilon(
         checked[key] = checked.get(key, 0) + _check_steps(count)
     if not checked:
         return 0.0
-    return float(_rounds_accountant(checked, q, m, vdi).get_epsilon(d))
+    return _rounds_epsilon(checked, q, d, m, vdi)
 
 
 @dataclass

@@ -74,6 +74,11 @@ ACCOUNTING_GRID = 1.05
 #: PLD accountant's privacy-loss grid (its width grows like 1 / z^2) runs out of memory.
 MIN_NOISE_MULTIPLIER = 0.1
 
+#: Most epsilon a task may plan. A task with a ``noise_multiplier`` whose planned rounds
+#: spend more, by the RDP upper bound (cheap; never below the PLD value), is refused before
+#: the PLD accountant runs: no budget this large protects anyone.
+MAX_PLANNED_EPSILON = 100.0
+
 
 class LocalTrainingSpec(BaseModel):
     """Local SGD on each device (see :class:`shared.federated.models.LocalTraining`)."""
@@ -105,20 +110,37 @@ class TaskConfig(BaseModel):
 
     model: ModelSpec
     mode: PrivacyMode
-    rounds: int = Field(ge=1, le=10_000, description="planned rounds T")
-    population: int = Field(ge=1, le=10**12, description="number of users W who may take part")
+    rounds: int = Field(ge=1, le=10_000, description="planned rounds T, 1 to 10000")
+    population: int = Field(
+        ge=1, le=10**12, description="number of users W who may take part, 1 to 10^12"
+    )
     clients_per_round: float = Field(
-        ge=1, le=10**12, allow_inf_nan=False, description="expected clients per round, q W"
+        ge=1,
+        le=10**12,
+        allow_inf_nan=False,
+        description="expected clients per round q W, 1 to population (sample rate q >= 1e-12)",
     )
     clip_norm: float = Field(default=1.0, ge=MIN_CLIP_NORM, le=MAX_CLIP_NORM)
     target_epsilon: float | None = Field(
         default=None,
         ge=MIN_EPSILON,
         le=MAX_EPSILON,
-        description="calibrate the noise for this epsilon (null: give noise_multiplier)",
+        description=(
+            f"calibrate the noise for this epsilon, {MIN_EPSILON:g} to {MAX_EPSILON:g} "
+            "(null: give noise_multiplier)"
+        ),
     )
-    noise_multiplier: float | None = Field(default=None, ge=0, le=1e6, allow_inf_nan=False)
-    delta: float = Field(default=1e-5, ge=1e-30, lt=1)
+    noise_multiplier: float | None = Field(
+        default=None,
+        ge=0,
+        le=1e6,
+        allow_inf_nan=False,
+        description=(
+            f"0 (no noise) or {MIN_NOISE_MULTIPLIER:g} to 10^6; the planned rounds may spend "
+            f"at most epsilon {MAX_PLANNED_EPSILON:g} (RDP bound)"
+        ),
+    )
+    delta: float = Field(default=1e-5, ge=1e-30, lt=1, description="target delta, 1e-30 to 1")
     accounting: Literal["pld", "rdp"] = "pld"
     adaptive_clipping: AdaptiveClippingSpec | None = None
     local_training: LocalTrainingSpec = LocalTrainingSpec()
@@ -161,6 +183,25 @@ class TaskConfig(BaseModel):
         if self.mode == "none" or self.noise_multiplier is not None:
             self.dp_config(calibrate(self))
         return self
+
+    def check_planned_epsilon(self, noise_multiplier: float) -> None:
+        """ValueError when the planned rounds at ``noise_multiplier`` spend more than
+        ``MAX_PLANNED_EPSILON`` by the RDP bound (which is never below the PLD epsilon), so
+        that no PLD accounting of an absurd budget is ever attempted."""
+        dp = self.dp_config(noise_multiplier)
+        if not dp.private:
+            return
+        from shared.accounting import gaussian_rounds_epsilon
+
+        planned = {dp.accounting_noise_multiplier(self.clients_per_round): self.rounds}
+        bound = gaussian_rounds_epsilon(planned, dp.accounting_sample_rate, self.delta, "rdp")
+        if not bound <= MAX_PLANNED_EPSILON:
+            raise ValueError(
+                f"the {self.rounds} planned rounds at noise multiplier {noise_multiplier:g} "
+                f"(sample rate {self.sample_rate:.6g}) spend epsilon up to {bound:.6g} at "
+                f"delta={self.delta:g} (RDP bound), more than the {MAX_PLANNED_EPSILON:g} a "
+                "task may plan: raise noise_multiplier or plan fewer rounds"
+            )
 
     @property
     def sample_rate(self) -> float:
@@ -289,10 +330,13 @@ class TaskState:
     @classmethod
     def start(cls, config: TaskConfig, noise_multiplier: float | None = None) -> TaskState:
         """A new task at round 0 with the model's initial parameters (seeded by ``seed``);
-        ``noise_multiplier`` overrides the configured or calibrated one."""
+        ``noise_multiplier`` overrides the configured or calibrated one. ValueError when a
+        task without a target plans more than ``MAX_PLANNED_EPSILON``."""
         calibrated = noise_multiplier is None and config.target_epsilon is not None
         z = calibrate(config) if noise_multiplier is None else noise_multiplier
         config.dp_config(z)
+        if config.target_epsilon is None:
+            config.check_planned_epsilon(z)
         params = make_model(config.model).init_params(np.random.default_rng(config.seed))
         return cls(config, z, ServerState.start(params), config.clip_norm, calibrated=calibrated)
 

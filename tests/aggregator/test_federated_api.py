@@ -163,6 +163,27 @@ def test_invalid_tasks_are_refused(sqlite_api: Api, config: dict[str, Any], mess
     assert sqlite_api.client.get("/v1/federated/tasks", headers=auth("analyst")).json() == []
 
 
+@pytest.mark.parametrize(
+    ("config", "epsilon"),
+    [
+        ({"noise_multiplier": 0.3, "rounds": 10_000, "clients_per_round": 100}, "61"),
+        ({"noise_multiplier": 0.1, "rounds": 100, "clients_per_round": 100}, "5"),
+    ],
+)
+def test_tasks_planning_an_absurd_epsilon_are_refused_cheaply(
+    sqlite_api: Api, config: dict[str, Any], epsilon: str
+) -> None:
+    """Little noise over many unsampled rounds (which took the PLD accountant minutes) is
+    a 422 stating the RDP bound on the planned epsilon, before any PLD accounting."""
+    response = sqlite_api.create(task_body(target_epsilon=None, **config))
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"] == PROBLEM
+    detail = response.json()["detail"]
+    assert "RDP bound" in detail and "more than the 100 a task may plan" in detail
+    assert f"spend epsilon up to {epsilon}" in detail
+    assert sqlite_api.client.get("/v1/federated/tasks", headers=auth("analyst")).json() == []
+
+
 def test_duplicate_name_and_bad_evaluation_set(sqlite_api: Api) -> None:
     assert sqlite_api.create(task_body()).status_code == 201
     again = sqlite_api.create(task_body())

@@ -10,10 +10,14 @@ from typing import Any
 
 import pytest
 
+import shared.accounting as accounting
 from shared.accounting import (
+    MAX_CALIBRATION_EVALUATIONS,
+    MAX_PLD_POINTS,
     AccountingMethod,
     calibrate_noise_multiplier,
     gaussian_epsilon,
+    pld_discretization,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -252,3 +256,71 @@ def test_import_does_not_pull_scipy_or_dp_accounting() -> None:
         check=True,
     )
     assert out.stdout.strip() == "", f"heavy modules imported: {out.stdout.strip()}"
+
+
+# --------------------------------------------------------------------------------------
+# Bounded cost over the extremes of the parameters a task may give
+# --------------------------------------------------------------------------------------
+
+
+def _pld_points(noise_multiplier: float, sample_rate: float, steps: int, interval: float) -> int:
+    """Points of the composed PLD grid (the FFT length) the accountant builds here."""
+    rounds = {noise_multiplier: steps}
+    used = pld_discretization(rounds, sample_rate, interval)
+    accountant = accounting._rounds_accountant(rounds, sample_rate, "pld", used)
+    pld = accountant._pld  # type: ignore[attr-defined]
+    return max(pld._pmf_remove.size, pld._pmf_add.size)
+
+
+@pytest.mark.parametrize("z", [0.1, 0.3, 1e6])
+@pytest.mark.parametrize("q", [1e-12, 0.3, 1.0])
+@pytest.mark.parametrize("steps", [1, 10_000])
+def test_pld_grid_is_bounded_over_the_extremes(z: float, q: float, steps: int) -> None:
+    """Smallest multiplier, smallest and largest sampling rate, one and the most rounds:
+    the PLD grid never holds more than MAX_PLD_POINTS points (z = 0.3, q = 1, 10000 rounds
+    needed ~5e6 at the federated interval 1e-3 before its interval was coarsened)."""
+    assert _pld_points(z, q, steps, 1e-3) <= MAX_PLD_POINTS
+
+
+def test_coarsened_pld_stays_an_upper_bound() -> None:
+    """Where the interval is coarsened, epsilon is never below the value on a grid twice as
+    fine (both pessimistic upper bounds), within 1% of it, and below the RDP bound."""
+    z, q, steps = 1.0, 0.3, 10_000
+    used = pld_discretization({z: steps}, q, 1e-4)
+    assert used > 1e-4  # the case coarsens
+    fine = accounting._rounds_accountant({z: steps}, q, "pld", used / 2).get_epsilon(DELTA)
+    coarse = gaussian_epsilon(z, q, steps, DELTA, "pld", value_discretization_interval=1e-4)
+    assert fine <= coarse <= fine * 1.01
+    assert coarse <= gaussian_epsilon(z, q, steps, DELTA, "rdp")
+
+
+def test_previously_slow_configurations_answer() -> None:
+    """z = 0.1 over 100 unsampled rounds took the PLD accountant ~16 s on the 1e-3 grid:
+    now one bounded FFT, and still an upper bound below RDP's."""
+    pld = gaussian_epsilon(0.1, 1.0, 100, DELTA, "pld", value_discretization_interval=1e-3)
+    assert 0 < pld <= gaussian_epsilon(0.1, 1.0, 100, DELTA, "rdp")
+
+
+@pytest.mark.parametrize(
+    ("target", "q", "steps", "delta"),
+    [(1e-3, 1e-12, 10_000, 1e-30), (20.0, 1e-12, 10_000, 1e-5), (20.0, 1e-3, 10_000, 1e-12)],
+)
+def test_calibration_work_is_bounded(
+    monkeypatch: pytest.MonkeyPatch, target: float, q: float, steps: int, delta: float
+) -> None:
+    """Calibration at the extremes (smallest target and delta, tiny q, the most rounds)
+    makes at most MAX_CALIBRATION_EVALUATIONS evaluations per method, each a bounded PLD
+    or RDP call, and its answer meets the target."""
+    counts = {"pld": 0, "rdp": 0}
+    evaluate = accounting._rounds_epsilon
+
+    def counted(rounds: dict[float, int], *args: Any) -> float:
+        counts[args[2]] += 1
+        return float(evaluate(rounds, *args))
+
+    monkeypatch.setattr(accounting, "_rounds_epsilon", counted)
+    z = calibrate_noise_multiplier(
+        target, q, steps, delta, "pld", value_discretization_interval=1e-3
+    )
+    assert all(0 < n <= MAX_CALIBRATION_EVALUATIONS for n in counts.values()), counts
+    assert gaussian_epsilon(z, q, steps, delta, "pld", value_discretization_interval=1e-3) <= target

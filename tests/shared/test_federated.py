@@ -46,6 +46,7 @@ from shared.federated.privacy import (
 from shared.federated.task import (
     ACCOUNTING_GRID,
     FEDERATED_DISCRETIZATION,
+    MAX_PLANNED_EPSILON,
     BudgetExhaustedError,
     TaskConfig,
     TaskState,
@@ -472,6 +473,21 @@ def test_task_spends_its_target_and_refuses_one_round_more() -> None:
     assert state.history[-1].epsilon == state.epsilon()
     with pytest.raises(BudgetExhaustedError, match="planned rounds"):
         state.check_round()
+
+
+def test_task_planning_more_than_the_epsilon_cap_is_refused() -> None:
+    """z = 0.3 unsampled over 10000 rounds plans epsilon ~6e4 (RDP bound): refused by the
+    cheap RDP screen; just inside the cap the task starts and its PLD budget is below the
+    RDP bound (PLD is the tighter upper bound)."""
+    with pytest.raises(ValueError, match=r"spend epsilon up to 6\d{4}.*RDP bound.*100"):
+        TaskState.start(
+            _task(target_epsilon=None, noise_multiplier=0.3, rounds=10_000, clients_per_round=200)
+        )
+    config = _task(target_epsilon=None, noise_multiplier=1.0, rounds=100, clients_per_round=200)
+    state = TaskState.start(config)
+    rdp = gaussian_rounds_epsilon({1.0: 100}, 1.0, config.delta, "rdp")
+    assert rdp <= MAX_PLANNED_EPSILON
+    assert 0 < state.budget <= rdp
 
 
 def test_task_refuses_a_round_past_a_given_budget() -> None:
