@@ -38,7 +38,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from aggregator import observability as obs
 from aggregator.storage import Storage
@@ -89,6 +89,14 @@ class Principal:
         return self.role == role or self.role == "admin"
 
 
+class InvalidKeyRequestError(ValueError):
+    """A key that cannot be created as asked (a label reserved for environment keys)."""
+
+
+class UnknownKeyError(LookupError):
+    """No active key has that id."""
+
+
 class KeyRing:
     """The valid keys' hashes, cached in memory and reloaded every ``ttl`` seconds.
 
@@ -128,10 +136,12 @@ class KeyRing:
     def create(self, role: Role, label: str) -> tuple[str, str]:
         """A new key for ``role``: ``(key_id, key)``. The key is shown once, stored hashed.
 
-        Raises ValueError for a label reserved for keys from the environment.
+        Raises ``InvalidKeyRequestError`` for a label reserved for keys from the environment.
         """
         if environment_role(label) is not None:
-            raise ValueError(f"the label {label!r} is reserved for keys from the environment")
+            raise InvalidKeyRequestError(
+                f"the label {label!r} is reserved for keys from the environment"
+            )
         key = new_key()
         key_id = secrets.token_hex(8)
         self._storage.add_key(key_id, hash_key(key), role, label)
@@ -147,9 +157,14 @@ class KeyRing:
         return key_id if added else None
 
     def revoke(self, key_id: str) -> bool:
+        """Revoke an active key; False when there is none with that id."""
         revoked = self._storage.revoke_key(key_id)
         self.reload()
         return revoked
+
+    def listing(self) -> list[dict[str, Any]]:
+        """Every stored key's row, oldest first (with its hash: callers choose what to show)."""
+        return self._storage.keys()
 
 
 class RateLimiter:

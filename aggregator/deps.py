@@ -1,5 +1,7 @@
-"""FastAPI dependencies shared by the routes: bearer-key authentication by role.
+"""FastAPI dependencies shared by the routes: the services, and bearer-key authentication.
 
+``Service``, ``FederatedService`` and ``Keys`` hand a route the application's
+``Aggregator``, ``Federated`` and ``KeyRing`` (kept on ``app.state`` by ``create_app``).
 ``Device``, ``Analyst`` and ``Admin`` are ``Annotated`` aliases a route takes as a
 parameter; each admits a request bearing a valid key of that role (an admin key is
 admitted everywhere), answers 401 without one, 403 with a key of another role, and 429
@@ -12,13 +14,54 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 from fastapi.concurrency import run_in_threadpool
 
 from aggregator.auth import KEY_OF_ROLE, KeyRing, Principal, RateLimiter, Role
+from aggregator.federated import Federated
 from aggregator.problems import ProblemError
+from aggregator.registry import METRIC_NAME
+from aggregator.service import Aggregator
 
-__all__ = ["Admin", "Analyst", "Device", "authorized"]
+__all__ = [
+    "Admin",
+    "Analyst",
+    "Device",
+    "FederatedService",
+    "Keys",
+    "MetricName",
+    "Service",
+    "authorized",
+    "get_federated",
+    "get_keys",
+    "get_service",
+]
+
+#: A metric's name in a path.
+MetricName = Annotated[str, Path(pattern=METRIC_NAME.pattern, description="Metric name.")]
+
+
+def get_service(request: Request) -> Aggregator:
+    """The application's ``Aggregator``."""
+    service: Aggregator = request.app.state.aggregator
+    return service
+
+
+def get_federated(request: Request) -> Federated:
+    """The application's ``Federated`` tasks."""
+    federated: Federated = request.app.state.federated
+    return federated
+
+
+def get_keys(request: Request) -> KeyRing:
+    """The application's ``KeyRing``."""
+    keys: KeyRing = request.app.state.keys
+    return keys
+
+
+Service = Annotated[Aggregator, Depends(get_service)]
+FederatedService = Annotated[Federated, Depends(get_federated)]
+Keys = Annotated[KeyRing, Depends(get_keys)]
 
 
 def authorized(role: Role) -> Callable[[Request], Awaitable[Principal]]:
@@ -35,7 +78,7 @@ def authorized(role: Role) -> Callable[[Request], Awaitable[Principal]]:
                 "send 'Authorization: Bearer <key>'",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        keys: KeyRing = request.app.state.keys
+        keys = get_keys(request)
         principal = await run_in_threadpool(keys.authenticate, token.strip())
         if principal is None:
             raise ProblemError(

@@ -8,6 +8,7 @@ per kind of problem, relative to ``/problems/``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from fastapi import Request
@@ -15,6 +16,17 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute
+
+try:
+    from fastapi.routing import iter_route_contexts
+except ImportError:  # FastAPI before 0.137.2 copies included routes into app.routes
+
+    def iter_route_contexts(  # type: ignore[no-redef]
+        routes: Sequence[BaseRoute],
+    ) -> Iterator[BaseRoute]:
+        return iter(routes)
+
 
 MEDIA_TYPE = "application/problem+json"
 
@@ -138,7 +150,7 @@ async def handle_http(request: Request, error: Exception) -> JSONResponse:
 def _allowed_methods(request: Request) -> list[str]:
     """Every method some route serves at this path (one route per method here)."""
     methods: set[str] = set()
-    for route in request.app.routes:
+    for route in iter_route_contexts(request.app.routes):  # included routers, flattened
         regex = getattr(route, "path_regex", None)
         if regex is not None and regex.match(request.url.path):
             methods |= set(getattr(route, "methods", None) or ())

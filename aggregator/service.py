@@ -1,6 +1,6 @@
 """The aggregator's operations, independent of HTTP: define metrics, ingest, estimate, compact.
 
-Routes (``aggregator/app.py``) validate and delegate here; the math is the mechanisms'
+Routes (``aggregator/routes/``) validate and delegate here; the math is the mechanisms'
 (``shared/mechanisms``); the state is ``Storage``'s. One ``Aggregator`` per process.
 """
 
@@ -10,6 +10,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from aggregator import observability as obs
 from aggregator.catalog import Catalog
 from aggregator.estimates import EstimateWindow, ReleasedBuckets, build_estimate
 from aggregator.ingest import BatchRejected, prepare, utc_now
@@ -17,13 +18,31 @@ from aggregator.registry import check_metric_name
 from aggregator.settings import Settings
 from aggregator.storage import Storage
 from shared.mechanisms import Mechanism, make_mechanism
-from shared.schemas import IngestResult, MetricDefinition, MetricSpec, ReportBatch
+from shared.schemas import (
+    IngestResult,
+    MetricDefinition,
+    MetricDocument,
+    MetricSpec,
+    ReportBatch,
+)
 
 logger = logging.getLogger("ldp.aggregator")
 
 
 class UnknownMetricError(LookupError):
     """No such metric, or no such version of it."""
+
+
+class InvalidMetricError(ValueError):
+    """A metric definition the service refuses (its name, its spec or its labels)."""
+
+
+class InvalidEstimateError(ValueError):
+    """An estimate request the service refuses (its window or its candidates)."""
+
+
+class StorageUnavailableError(Exception):
+    """The database did not answer."""
 
 
 class NotEnoughReportsError(Exception):
@@ -55,12 +74,35 @@ class Aggregator:
     def close(self) -> None:
         self.storage.close()
 
+    def ping(self) -> str:
+        """The storage dialect's name, once the database answers (``StorageUnavailableError``
+        when it does not: any failure of the round trip counts as unreachable)."""
+        try:
+            self.storage.ping()
+        except Exception as error:  # noqa: BLE001 - any storage failure is "unreachable"
+            obs.log(logger, logging.WARNING, "storage unreachable", error=type(error).__name__)
+            raise StorageUnavailableError("the database did not answer") from None
+        return self.storage.dialect
+
     def define(self, name: str, definition: MetricDefinition) -> tuple[MetricSpec, bool]:
         check_metric_name(name)
         make_mechanism(definition.mechanism)  # refuse a spec the mechanism cannot serve
         metric, created = self.storage.define_metric(name, definition)
         self.catalog.reload()
         return metric, created
+
+    def define_document(self, name: str, document: MetricDocument) -> tuple[MetricSpec, bool]:
+        """``define`` from a document as PUT sends it, whose ``name`` (if any) must be
+        ``name``; every refusal is an ``InvalidMetricError``."""
+        if document.name is not None and document.name != name:
+            raise InvalidMetricError(
+                f"the body names metric {document.name!r} but the path names {name!r}; "
+                "they must agree (omit name from the body, or PUT to its own path)"
+            )
+        try:
+            return self.define(name, document.definition())
+        except ValueError as error:
+            raise InvalidMetricError(str(error)) from None
 
     def define_missing(self, definitions: dict[str, MetricDefinition]) -> None:
         """Define each metric that does not exist yet (never a new version of one that does)."""
@@ -102,8 +144,22 @@ class Aggregator:
 
         Only the time buckets holding at least ``min_reports`` reports are used
         (``ReleasedBuckets``); ``NotEnoughReportsError`` when the window has none. The
-        partial rows are summed into one accumulator (``merge_many``), not pairwise.
+        partial rows are summed into one accumulator (``merge_many``), not pairwise. A
+        window or candidates that cannot be used raise ``InvalidEstimateError``.
         """
+        try:
+            return self._estimate(name, version, start, end, candidates)
+        except ValueError as error:
+            raise InvalidEstimateError(str(error)) from None
+
+    def _estimate(
+        self,
+        name: str,
+        version: int | None,
+        start: datetime | None,
+        end: datetime | None,
+        candidates: list[str] | None,
+    ) -> dict[str, object]:
         metric = self.catalog.get(name, version)
         if metric is None:
             what = f"metric {name!r}" + (f" version {version}" if version is not None else "")

@@ -1,0 +1,50 @@
+"""Operations: liveness (``/healthz``), Prometheus metrics (``/metrics``), compaction now."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import PlainTextResponse
+from pydantic import BaseModel
+
+from aggregator import observability as obs
+from aggregator.deps import Admin, Service
+
+router = APIRouter(tags=["operations"])
+
+
+class Health(BaseModel):
+    status: str
+    storage: str
+
+
+class Compaction(BaseModel):
+    groups: int
+    rows_merged: int
+
+
+@router.get("/healthz", response_model=Health)
+async def healthz(service: Service) -> Any:
+    """Liveness and storage reachability (503 when the database cannot be reached)."""
+    dialect = await run_in_threadpool(service.ping)
+    return {"status": "ok", "storage": dialect}
+
+
+@router.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+)
+async def prometheus() -> Response:
+    """Prometheus metrics: reports accepted, duplicates, rejected by reason, latencies."""
+    body, content_type = obs.exposition()
+    return Response(body, media_type=content_type)
+
+
+@router.post("/v1/admin/compact", response_model=Compaction)
+async def compact(principal: Admin, service: Service) -> Any:
+    """Merge the partial statistics now (it also runs in the background)."""
+    result = await run_in_threadpool(service.compact)
+    return {"groups": result.groups, "rows_merged": result.rows_merged}
