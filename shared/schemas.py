@@ -40,11 +40,28 @@ from pydantic.json_schema import JsonDict
 
 from shared.estimates import Estimate, MeanEstimate  # noqa: F401 - part of the contract
 
-CategoricalName: TypeAlias = Literal["grr", "sue", "oue", "olh", "hr", "auto"]
-NumericName: TypeAlias = Literal["laplace", "duchi", "piecewise"]
+CategoricalName: TypeAlias = Literal[
+    "grr", "sue", "oue", "olh", "hr", "auto", "lgrr", "lsue", "loue", "losue", "dbitflip"
+]
+NumericName: TypeAlias = Literal["laplace", "duchi", "piecewise", "onebitmean"]
 StringName: TypeAlias = Literal["rappor"]
 MechanismName: TypeAlias = Literal[
-    "grr", "sue", "oue", "olh", "hr", "auto", "laplace", "duchi", "piecewise", "rappor"
+    "grr",
+    "sue",
+    "oue",
+    "olh",
+    "hr",
+    "auto",
+    "lgrr",
+    "lsue",
+    "loue",
+    "losue",
+    "dbitflip",
+    "laplace",
+    "duchi",
+    "piecewise",
+    "onebitmean",
+    "rappor",
 ]
 
 #: Names of metrics and federated tasks: lower-case letters, digits, '.', '_' and '-',
@@ -57,6 +74,14 @@ NUMERIC_MECHANISMS: frozenset[str] = frozenset(NumericName.__args__)  # type: ig
 STRING_MECHANISMS: frozenset[str] = frozenset(StringName.__args__)  # type: ignore[attr-defined]
 #: The fields only ``rappor`` takes, and that ``rappor`` requires.
 RAPPOR_FIELDS: tuple[str, ...] = ("num_bits", "num_hashes", "num_cohorts", "f", "p", "q")
+#: Memoized (longitudinal) mechanisms: ``epsilon`` bounds what any number of reports of one
+#: value reveal, ``epsilon_report`` what one report reveals.
+MEMOIZED_MECHANISMS: frozenset[str] = frozenset(
+    {"lgrr", "lsue", "loue", "losue", "dbitflip", "onebitmean"}
+)
+#: Memoized mechanisms with a fresh instantaneous response per report, whose
+#: ``epsilon_report`` (< ``epsilon``) the spec chooses; the others derive it.
+CHAINED_MECHANISMS: frozenset[str] = frozenset({"lgrr", "lsue", "loue", "losue"})
 
 #: Largest epsilon a spec may carry. Beyond it local noise is negligible and
 #: e^epsilon-sized parameters (OLH's bucket count) stop fitting in 64 bits.
@@ -108,6 +133,21 @@ def rappor_epsilon_one(num_hashes: int, f: float, p: float, q: float) -> float:
     return num_hashes * math.log(q_star * (1 - p_star) / (p_star * (1 - q_star)))
 
 
+def onebitmean_epsilon_report(epsilon: float, flip_probability: float) -> float:
+    """Epsilon of one ``onebitmean`` report with output perturbation ``gamma``.
+
+    The memoized bit is 1 with probability between 1 / (e^eps + 1) and e^eps / (e^eps + 1)
+    (Ding, Kulkarni and Yekhanin, NeurIPS 2017, 1BitMean); flipping it with probability
+    gamma before it is sent moves each probability pi to gamma + (1 - 2 gamma) pi, so one
+    report is ``ln((e^eps (1 - gamma) + gamma) / (e^eps gamma + 1 - gamma))``-LDP (equal to
+    eps at gamma = 0), while any number of reports stay post-processing of the memoized
+    bits (eps per distinct rounded value).
+    """
+    grown = math.exp(epsilon)
+    gamma = flip_probability
+    return math.log((grown * (1 - gamma) + gamma) / (grown * gamma + 1 - gamma))
+
+
 def rappor_epsilon_infinity(num_hashes: int, f: float) -> float:
     """Lifetime epsilon of one value: ``2 h ln((1 - f/2) / (f/2))`` (infinite for f = 0).
 
@@ -135,6 +175,18 @@ class MechanismSpec(BaseModel):
     "q": 0.75}``. Its ``epsilon`` is the per-report epsilon_one these imply
     (``rappor_epsilon_one``): omit it and it is filled in; give it and it must
     agree (relative 1e-9). Every other mechanism requires ``epsilon``.
+
+    Memoized (longitudinal) mechanisms, for values reported again and again: categorical
+    ``lgrr``, ``lsue``, ``loue``, ``losue`` and ``dbitflip``, numeric ``onebitmean``.
+    Their ``epsilon`` is the lifetime bound per distinct value (what any number of
+    reports of one value reveal) and ``epsilon_report`` what one report reveals.
+    ``lgrr`` and the unary ones chain a memoized and a fresh response and require
+    ``epsilon_report`` < ``epsilon``, e.g. ``{"mechanism": "lgrr", "epsilon": 2.0,
+    "epsilon_report": 1.0, "domain_size": 8}``. ``dbitflip`` takes ``bits_per_device``
+    (default 1, filled in) and reports only memoized bits (``epsilon_report`` =
+    ``epsilon``, filled in); ``onebitmean`` takes ``lower``, ``upper``, ``grid_steps``
+    (the rounding grid, default 8) and ``flip_probability`` (default 0), and its
+    ``epsilon_report`` is filled in from them (``onebitmean_epsilon_report``).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -203,6 +255,33 @@ class MechanismSpec(BaseModel):
         allow_inf_nan=False,
         description="RAPPOR: P(reported 1 | permanent bit 1).",
     )
+    epsilon_report: float | None = Field(
+        default=None,
+        ge=MIN_EPSILON,
+        le=MAX_EPSILON,
+        allow_inf_nan=False,
+        description=(
+            "Memoized mechanisms: what one report reveals. Required, and below epsilon, for "
+            "lgrr, lsue, loue and losue (epsilon is then the lifetime bound per distinct "
+            "value); derived for dbitflip (= epsilon) and onebitmean (from flip_probability)."
+        ),
+    )
+    bits_per_device: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_DOMAIN_SIZE,
+        description="dbitflip: buckets each device samples once and reports (default 1).",
+    )
+    flip_probability: float | None = Field(
+        default=None,
+        ge=0.0,
+        lt=0.5,
+        allow_inf_nan=False,
+        description=(
+            "onebitmean: output perturbation, the probability that each report's memoized "
+            "bit is flipped before it is sent (default 0); hides when a memoized value changes."
+        ),
+    )
 
     @field_validator(
         "epsilon",
@@ -216,6 +295,9 @@ class MechanismSpec(BaseModel):
         "f",
         "p",
         "q",
+        "epsilon_report",
+        "bits_per_device",
+        "flip_probability",
         mode="before",
     )
     @classmethod
@@ -234,9 +316,15 @@ class MechanismSpec(BaseModel):
         for field in RAPPOR_FIELDS:
             if getattr(self, field) is not None:
                 raise ValueError(f"{field} applies only to the 'rappor' mechanism, not {name!r}")
+        self._fits_memoization()
         if name in CATEGORICAL_MECHANISMS:
             if self.domain_size is None:
                 raise ValueError(f"domain_size is required for the {name!r} mechanism")
+            if self.bits_per_device is not None and self.bits_per_device > self.domain_size:
+                raise ValueError(
+                    f"bits_per_device = {self.bits_per_device} exceeds domain_size = "
+                    f"{self.domain_size}: a device samples at most every bucket once"
+                )
             for field in ("lower", "upper", "grid_steps"):
                 if getattr(self, field) is not None:
                     raise ValueError(
@@ -253,16 +341,80 @@ class MechanismSpec(BaseModel):
                 )
             if not math.isfinite(self.upper - self.lower):
                 raise ValueError("upper - lower must be finite")
-            if self.grid_steps is not None and name not in ("laplace", "piecewise"):
+            if self.grid_steps is not None and name not in ("laplace", "piecewise", "onebitmean"):
                 raise ValueError(
-                    f"grid_steps applies only to 'laplace' and 'piecewise', not {name!r}"
+                    f"grid_steps applies only to 'laplace', 'piecewise' and 'onebitmean', "
+                    f"not {name!r}"
                 )
         return self
+
+    def _fits_memoization(self) -> None:
+        """Check the memoized mechanisms' fields, and fill in what they derive (frozen model:
+        set once, here, during validation), so that the published spec states the promise."""
+        name = self.mechanism
+        owners = {"bits_per_device": "dbitflip", "flip_probability": "onebitmean"}
+        for field, owner in owners.items():
+            if getattr(self, field) is not None and name != owner:
+                raise ValueError(f"{field} applies only to the {owner!r} mechanism, not {name!r}")
+        if name not in MEMOIZED_MECHANISMS:
+            if self.epsilon_report is not None:
+                raise ValueError(
+                    f"epsilon_report applies only to memoized mechanisms "
+                    f"({', '.join(sorted(MEMOIZED_MECHANISMS))}), not {name!r}"
+                )
+            return
+        if name in CHAINED_MECHANISMS:
+            if self.epsilon_report is None:
+                raise ValueError(
+                    f"epsilon_report is required for the {name!r} mechanism (what one report "
+                    "reveals; epsilon is the lifetime bound per distinct value)"
+                )
+            if not self.epsilon_report < self.epsilon:
+                raise ValueError(
+                    f"epsilon_report must be < epsilon (one report reveals less than the "
+                    f"memoized response), got epsilon_report={self.epsilon_report}, "
+                    f"epsilon={self.epsilon}"
+                )
+            if name == "loue":  # an OUE instantaneous response cannot reveal more than this
+                limit = math.log((2 * math.exp(self.epsilon) + 1) / 3)
+                if self.epsilon_report > limit:
+                    raise ValueError(
+                        f"epsilon_report = {self.epsilon_report} is more than one 'loue' report "
+                        f"can reveal at epsilon = {self.epsilon} (at most ln((2 e^epsilon + 1) "
+                        f"/ 3) = {limit:.6g}); lower epsilon_report or use 'losue'"
+                    )
+            return
+        if name == "dbitflip":
+            derived = self.epsilon
+            if self.bits_per_device is None:
+                object.__setattr__(self, "bits_per_device", 1)
+        else:
+            derived = onebitmean_epsilon_report(self.epsilon, self.flip_probability or 0.0)
+            if derived < MIN_EPSILON:
+                raise ValueError(
+                    f"flip_probability = {self.flip_probability} leaves one report "
+                    f"epsilon_report = {derived:.3g}, below {MIN_EPSILON}: lower it"
+                )
+        if self.epsilon_report is None:
+            object.__setattr__(self, "epsilon_report", derived)
+        elif not math.isclose(self.epsilon_report, derived, rel_tol=1e-9, abs_tol=0.0):
+            raise ValueError(
+                f"epsilon_report = {self.epsilon_report} disagrees with {derived!r}, what one "
+                f"{name!r} report reveals with these parameters; omit it or give that value"
+            )
 
     def _fits_rappor(self) -> MechanismSpec:
         """Require the six RAPPOR fields, refuse the others, derive or check epsilon."""
         name = self.mechanism
-        for field in ("domain_size", "lower", "upper", "grid_steps"):
+        for field in (
+            "domain_size",
+            "lower",
+            "upper",
+            "grid_steps",
+            "epsilon_report",
+            "bits_per_device",
+            "flip_probability",
+        ):
             if getattr(self, field) is not None:
                 raise ValueError(f"{field} does not apply to the {name!r} mechanism")
         missing = [field for field in RAPPOR_FIELDS if getattr(self, field) is None]
@@ -306,6 +458,12 @@ class MechanismSpec(BaseModel):
     @property
     def is_categorical(self) -> bool:
         return self.mechanism in CATEGORICAL_MECHANISMS
+
+    @property
+    def is_memoized(self) -> bool:
+        """Whether reports carry a memoized (permanent) response: ``epsilon`` is then the
+        lifetime bound per distinct value and ``epsilon_report`` what one report reveals."""
+        return self.mechanism in MEMOIZED_MECHANISMS
 
     @model_serializer(mode="wrap")
     def _without_unused_fields(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
@@ -443,6 +601,7 @@ PAYLOAD_SCHEMAS: list[dict[str, Any]] = [
     _payload_schema("BitsPayload", bits=_BASE64),
     _payload_schema("HashPayload", a=_INTEGER, b=_INTEGER, value=_INTEGER),
     _payload_schema("RapporPayload", cohort=_INTEGER, bits=_BASE64),
+    _payload_schema("BucketBitsPayload", buckets=_BASE64, bits=_BASE64),
 ]
 
 
@@ -465,10 +624,12 @@ class Report(BaseModel):
     )
     payload: dict[PayloadKey, PayloadValue] = Field(
         description=(
-            "The mechanism's report: {'value': int} (grr, hr; laplace: grid index; duchi: "
-            "+1/-1; piecewise: cell index), {'bits': base64} (sue, oue: "
-            "numpy.packbits bytes), {'a', 'b', 'value'} (olh), {'cohort': int, 'bits': "
-            "base64} (rappor: bit i is bit i % 8 of byte i // 8)."
+            "The mechanism's report: {'value': int} (grr, lgrr, hr; laplace: grid index; "
+            "duchi: +1/-1; piecewise: cell index; onebitmean: 0/1), {'bits': base64} (sue, "
+            "oue, lsue, loue, losue: numpy.packbits bytes), {'a', 'b', 'value'} (olh), "
+            "{'cohort': int, 'bits': base64} (rappor: bit i is bit i % 8 of byte i // 8), "
+            "{'buckets': base64 of little-endian uint32 bucket indices, 'bits': base64 of "
+            "numpy.packbits bytes, one bit per bucket} (dbitflip)."
         ),
         json_schema_extra=cast(JsonDict, {"anyOf": PAYLOAD_SCHEMAS}),
     )

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from shared.schemas import CATEGORICAL_MECHANISMS, NUMERIC_MECHANISMS
+from shared.schemas import CATEGORICAL_MECHANISMS, MEMOIZED_MECHANISMS, NUMERIC_MECHANISMS
 from simulations import accuracy, report
 from simulations.populations import parse_categorical_shape, parse_numeric_shape
 from simulations.text import HelpFormatter, counted
@@ -146,7 +146,9 @@ def register(subparsers: Any) -> None:
         description=FREQUENCY_DESCRIPTION,
         formatter_class=HelpFormatter,
     )
-    categorical = sorted(CATEGORICAL_MECHANISMS)
+    # Memoized mechanisms have their own command (longitudinal): one report costs less
+    # than their epsilon, so a grid over epsilon alone does not describe them.
+    categorical = sorted(CATEGORICAL_MECHANISMS - MEMOIZED_MECHANISMS)
     frequency.add_argument(
         "--mechanisms",
         type=_list_of(_mechanisms(set(categorical)), "mechanisms"),
@@ -174,7 +176,7 @@ def register(subparsers: Any) -> None:
         description=NUMERIC_DESCRIPTION,
         formatter_class=HelpFormatter,
     )
-    numeric_names = sorted(NUMERIC_MECHANISMS)
+    numeric_names = sorted(NUMERIC_MECHANISMS - MEMOIZED_MECHANISMS)
     numeric.add_argument(
         "--mechanisms",
         type=_list_of(_mechanisms(set(numeric_names)), "mechanisms"),

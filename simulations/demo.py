@@ -14,7 +14,12 @@ import argparse
 import numpy as np
 
 from shared.mechanisms import make_mechanism
-from shared.schemas import CATEGORICAL_MECHANISMS, NUMERIC_MECHANISMS, MechanismSpec
+from shared.schemas import (
+    CATEGORICAL_MECHANISMS,
+    MEMOIZED_MECHANISMS,
+    NUMERIC_MECHANISMS,
+    MechanismSpec,
+)
 from simulations.text import counted
 
 BROWSERS = ["chrome", "safari", "edge", "firefox", "samsung", "opera", "brave", "other"]
@@ -24,7 +29,7 @@ SHARES = np.array([0.42, 0.24, 0.12, 0.08, 0.06, 0.04, 0.03, 0.01])
 def categorical_demo(users: int, epsilon: float, rng: np.random.Generator) -> None:
     values = rng.choice(len(BROWSERS), size=users, p=SHARES)
     truth = np.bincount(values, minlength=len(BROWSERS)) / users
-    names = sorted(CATEGORICAL_MECHANISMS - {"auto"}) + ["auto"]
+    names = sorted(CATEGORICAL_MECHANISMS - MEMOIZED_MECHANISMS - {"auto"}) + ["auto"]
     print(
         f"Favourite browser of {counted(users, 'user')}, epsilon = {epsilon} "
         "(frequency, ±95% CI half-width)"
@@ -59,7 +64,7 @@ def numeric_demo(users: int, epsilon: float, rng: np.random.Generator) -> None:
         f"of {counted(users, 'user')}"
     )
     print(f"{'mechanism':<11}{'truth':>9}{'estimate':>10}{'95% CI':>22}")
-    for name in sorted(NUMERIC_MECHANISMS):
+    for name in sorted(NUMERIC_MECHANISMS - MEMOIZED_MECHANISMS):
         spec = MechanismSpec.model_validate(
             {"mechanism": name, "epsilon": epsilon, "lower": lower, "upper": upper}
         )

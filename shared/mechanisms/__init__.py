@@ -8,7 +8,9 @@
 lowest-variance categorical mechanism for the spec's (epsilon, d). Each class has
 a ``kind``: ``"categorical"``, ``"numeric"`` or ``"string"`` (``rappor``, whose
 ``encode`` also takes cohorts and device secrets, and whose ``estimate`` takes
-candidate strings).
+candidate strings). Memoized mechanisms (``lgrr``, ``lsue``, ``loue``, ``losue``,
+``dbitflip``, ``onebitmean``) are ``MemoizedMechanism``s too (``shared.mechanisms.memoized``):
+their ``encode`` also takes a ``memo``, the devices' permanent randomness.
 """
 
 from __future__ import annotations
@@ -16,12 +18,17 @@ from __future__ import annotations
 from shared.mechanisms.auto import resolve_auto
 from shared.mechanisms.base import Mechanism
 from shared.mechanisms.categorical import CategoricalMechanism
+from shared.mechanisms.dbitflip import DBitFlip
 from shared.mechanisms.duchi import DuchiMean
 from shared.mechanisms.grr import GeneralizedRandomizedResponse
 from shared.mechanisms.hr import HadamardResponse
 from shared.mechanisms.laplace import DiscreteLaplace
+from shared.mechanisms.lgrr import LongitudinalGRR
+from shared.mechanisms.lue import LongitudinalOSUE, LongitudinalOUE, LongitudinalSUE
+from shared.mechanisms.memoized import MemoizedMechanism
 from shared.mechanisms.numeric import NumericMechanism
 from shared.mechanisms.olh import OptimizedLocalHashing
+from shared.mechanisms.onebitmean import OneBitMean
 from shared.mechanisms.piecewise import PiecewiseMechanism
 from shared.mechanisms.rappor import Rappor, RapporEstimate
 from shared.mechanisms.unary import OptimizedUnaryEncoding, SymmetricUnaryEncoding
@@ -39,6 +46,12 @@ MECHANISMS: dict[str, type[Mechanism]] = {
         DuchiMean,
         PiecewiseMechanism,
         Rappor,
+        LongitudinalGRR,
+        OneBitMean,
+        DBitFlip,
+        LongitudinalSUE,
+        LongitudinalOUE,
+        LongitudinalOSUE,
     )
 }
 
@@ -55,6 +68,7 @@ __all__ = [
     "CategoricalMechanism",
     "Mechanism",
     "MechanismSpec",
+    "MemoizedMechanism",
     "NumericMechanism",
     "Rappor",
     "RapporEstimate",

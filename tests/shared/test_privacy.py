@@ -7,7 +7,10 @@ The tests assert that
 
 * every row is a distribution (sums, or integrates, to 1);
 * the largest likelihood ratio ``max_y max_{x, x'} P[y | x] / P[y | x']`` is at most
-  e^epsilon and at least e^epsilon up to float rounding: the bound is tight;
+  e^epsilon and at least e^epsilon up to float rounding: the bound is tight (for a
+  memoized mechanism, one report's ratio is e^epsilon_report and its permanent
+  response's, ``permanent_matrix``, e^epsilon: the bound over any number of reports of
+  one value);
 * in OpenDP's terms, ``check(d_in, d_out)`` holds at ``d_out = epsilon`` and fails at
   ``d_out = epsilon - 1e-6``: epsilon is the smallest privacy loss the mechanism
   satisfies, not merely an upper bound on it.
@@ -29,7 +32,12 @@ import pytest
 from scipy import stats
 
 from shared.mechanisms import MECHANISMS, make_mechanism
-from shared.schemas import CATEGORICAL_MECHANISMS, STRING_MECHANISMS, MechanismSpec
+from shared.schemas import (
+    CATEGORICAL_MECHANISMS,
+    CHAINED_MECHANISMS,
+    STRING_MECHANISMS,
+    MechanismSpec,
+)
 
 #: Relative slack on the ratio bound: the matrices hold the realized probabilities
 #: (53-bit thresholds T / 2^53, see tests/adversarial/test_realized_epsilon.py for the
@@ -55,7 +63,19 @@ NUMERIC_RANGES = ((-3.7, 11.2), (0.0, 1.0))
 NUMERIC_EXTRAS: dict[str, tuple[dict[str, Any], ...]] = {
     "laplace": ({"grid_steps": 4}, {"grid_steps": 8}, {"grid_steps": 16}),
     "piecewise": ({"grid_steps": 1}, {"grid_steps": 5}, {"grid_steps": 16}, {}),
+    "onebitmean": ({"grid_steps": 1}, {"grid_steps": 5}, {"flip_probability": 0.2}, {}),
 }
+#: Extra spec fields per categorical mechanism.
+CATEGORICAL_EXTRAS: dict[str, tuple[dict[str, Any], ...]] = {
+    "dbitflip": ({}, {"bits_per_device": 2}),
+}
+
+
+def memo_fields(name: str, epsilon: float) -> dict[str, Any]:
+    """What a chained memoized mechanism adds: one report reveals half the lifetime bound."""
+    return {"epsilon_report": epsilon / 2} if name in CHAINED_MECHANISMS else {}
+
+
 #: String mechanisms (rappor) carry no epsilon: their (k, h, f, p, q) imply epsilon_one.
 #: k >= 2h, where two values' Bloom filters can be disjoint and the bound is tight
 #: (test_rappor_privacy.py covers k < 2h); small k, so all 2^k reports enumerate.
@@ -89,10 +109,13 @@ def privacy_specs() -> Iterator[Any]:
         for epsilon in EPSILONS:
             if name in CATEGORICAL_MECHANISMS:
                 for d in CATEGORICAL_DOMAINS:
-                    spec = MechanismSpec.model_validate(
-                        {"mechanism": name, "epsilon": epsilon, "domain_size": d}
-                    )
-                    yield pytest.param(spec, id=f"{name}-eps{epsilon}-d{d}")
+                    for extra in CATEGORICAL_EXTRAS.get(name, ({},)):
+                        fields = {"domain_size": d, **memo_fields(name, epsilon), **extra}
+                        spec = MechanismSpec.model_validate(
+                            {"mechanism": name, "epsilon": epsilon, **fields}
+                        )
+                        suffix = "".join(f"-{k}{v}" for k, v in extra.items())
+                        yield pytest.param(spec, id=f"{name}-eps{epsilon}-d{d}{suffix}")
             else:
                 for lower, upper in NUMERIC_RANGES:
                     for extra in NUMERIC_EXTRAS.get(name, ({},)):
@@ -165,7 +188,7 @@ def delivered_epsilon(mech: Any) -> float:
 def row_totals(mech: Any, matrix: np.ndarray) -> np.ndarray:
     """Total probability of each row, accounting for outputs the matrix leaves out."""
     name = mech.name
-    if mech.spec.kind in ("categorical", "string") or name in ("duchi", "piecewise"):
+    if mech.spec.kind in ("categorical", "string") or name in ("duchi", "piecewise", "onebitmean"):
         return matrix.sum(axis=1)
     if name == "laplace":
         # Columns are m = -1..K+1. Both mixture components are centred in 0..K, so below
@@ -202,25 +225,42 @@ def test_rows_are_distributions(spec: MechanismSpec) -> None:
     np.testing.assert_allclose(row_totals(mech, matrix), 1.0, rtol=1e-12, atol=0)
 
 
+def report_epsilon(spec: MechanismSpec) -> float:
+    """What one report promises: epsilon, or a memoized mechanism's epsilon_report."""
+    return spec.epsilon_report if spec.epsilon_report is not None else spec.epsilon
+
+
 @pytest.mark.parametrize("spec", PRIVACY_SPECS)
 def test_likelihood_ratio_is_exactly_epsilon(spec: MechanismSpec) -> None:
     mech: Any = make_mechanism(spec)
     ratio = max_likelihood_ratio(matrix_of(mech))
-    delivered = delivered_epsilon(mech)
-    assert delivered <= spec.epsilon
-    assert spec.epsilon - delivered < 2**-20
-    assert ratio <= math.exp(spec.epsilon) * (1 + RATIO_RTOL)
+    epsilon = report_epsilon(spec)
+    delivered = float(getattr(mech, "effective_epsilon", epsilon))
+    assert delivered <= epsilon
+    assert epsilon - delivered < 2**-20
+    assert ratio <= math.exp(epsilon) * (1 + RATIO_RTOL)
     # Tight: the worst pair of inputs reaches the bound the mechanism delivers.
     assert ratio <= math.exp(delivered) * (1 + RATIO_RTOL)
     assert ratio >= math.exp(delivered) * (1 - RATIO_RTOL)
     if not hasattr(mech, "effective_epsilon"):
-        assert ratio >= math.exp(spec.epsilon) * (1 - RATIO_RTOL)
+        assert ratio >= math.exp(epsilon) * (1 - RATIO_RTOL)
 
 
 @pytest.mark.parametrize("spec", PRIVACY_SPECS)
 def test_privacy_check_holds_at_epsilon_and_fails_just_below(spec: MechanismSpec) -> None:
     """check(d_in, epsilon) passes and check(d_in, epsilon - 1e-6) fails, as in OpenDP's tests."""
     matrix = matrix_of(make_mechanism(spec))
+    assert check(matrix, report_epsilon(spec))
+    assert not check(matrix, report_epsilon(spec) - BELOW)
+
+
+@pytest.mark.parametrize("spec", [param for param in PRIVACY_SPECS if param.values[0].is_memoized])
+def test_permanent_response_is_exactly_the_lifetime_epsilon(spec: MechanismSpec) -> None:
+    """Any number of reports of one value are post-processing of the permanent response,
+    whose exact law (``permanent_matrix``) is epsilon-LDP, and tightly so."""
+    mech: Any = make_mechanism(spec)
+    matrix = np.asarray(mech.permanent_matrix())
+    np.testing.assert_allclose(matrix.sum(axis=1), 1.0, rtol=1e-12, atol=0)
     assert check(matrix, spec.epsilon)
     assert not check(matrix, spec.epsilon - BELOW)
 

@@ -35,6 +35,7 @@ from hypothesis import strategies as st
 from shared.mechanisms import MECHANISMS, Mechanism, make_mechanism
 from shared.schemas import (
     CATEGORICAL_MECHANISMS,
+    CHAINED_MECHANISMS,
     NUMERIC_MECHANISMS,
     STRING_MECHANISMS,
     MechanismSpec,
@@ -85,6 +86,8 @@ def build(name: str, epsilon: float, domain_size: int) -> Mechanism[Any, Any]:
         fields: dict[str, Any] = {"domain_size": domain_size}
     else:
         fields = {"lower": LOWER, "upper": UPPER}
+    if name in CHAINED_MECHANISMS:  # one report reveals half the lifetime bound
+        fields["epsilon_report"] = epsilon / 2
     return make_mechanism(
         MechanismSpec.model_validate({"mechanism": name, "epsilon": epsilon, **fields})
     )
@@ -331,14 +334,14 @@ def out_of_range_updates(mech: Mechanism[Any, Any]) -> list[dict[str, Any]]:
     """Field values of the right type that lie outside the mechanism's report space."""
     name, eps = mech.name, mech.epsilon
     d = mech.spec.domain_size or 0
-    if name == "grr":
+    if name in ("grr", "lgrr"):
         return [{"value": d}, {"value": -1}, {"value": 2**40}]
     if name == "hr":
         return [{"value": 1 << d.bit_length()}, {"value": -1}]  # K: the smallest 2^k > d
     if name == "olh":
         prime, g = smallest_prime_at_least(d), round(math.exp(eps)) + 1
         return [{"a": 0}, {"a": prime}, {"b": -1}, {"b": prime}, {"value": g}, {"value": -1}]
-    if name in ("sue", "oue"):
+    if name in ("sue", "oue", "lsue", "loue", "losue"):
         row = (d + 7) // 8
         updates = [
             {"bits": base64.b64encode(bytes(row + 1)).decode()},
@@ -366,10 +369,30 @@ def out_of_range_updates(mech: Mechanism[Any, Any]) -> list[dict[str, Any]]:
             padded = bytes(row - 1) + bytes([1 << (k % 8)])
             updates.append({"bits": base64.b64encode(padded).decode()})
         return updates
+    if name == "dbitflip":  # s sorted distinct little-endian uint32 buckets, s packed bits
+        s = mech.spec.bits_per_device or 1
+
+        def packed(*buckets: int) -> str:
+            return base64.b64encode(struct.pack(f"<{len(buckets)}I", *buckets)).decode()
+
+        updates = [
+            {"buckets": packed(*range(d - s + 1, d + 1))},  # the last bucket is d
+            {"buckets": packed(*range(s + 1))},  # one bucket too many
+            {"buckets": "not base64!"},
+            {"bits": base64.b64encode(bytes((s + 7) // 8 + 1)).decode()},
+        ]
+        if s >= 2:
+            updates.append({"buckets": packed(*([0] * s))})  # a repeated bucket
+        if s % 8:
+            pad = bytes((s + 7) // 8 - 1) + bytes([0x80 >> (s % 8)])
+            updates.append({"bits": base64.b64encode(pad).decode()})
+        return updates
     if name == "laplace":
         return [{"value": 2**53}, {"value": -(2**53)}, {"value": 2**63}, {"value": -(2**70)}]
     if name == "duchi":
         return [{"value": 0}, {"value": 2}, {"value": -2}]
+    if name == "onebitmean":  # a bit
+        return [{"value": -1}, {"value": 2}, {"value": 2**40}]
     if name == "piecewise":  # cell indices 0..M-1
         cells = mech.cells  # type: ignore[attr-defined]
         return [{"value": cells}, {"value": -1}, {"value": 2**40}]

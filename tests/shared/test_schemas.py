@@ -15,9 +15,11 @@ from pydantic import ValidationError
 from shared.mechanisms import MECHANISMS, make_mechanism
 from shared.schemas import (
     CATEGORICAL_MECHANISMS,
+    CHAINED_MECHANISMS,
     MAX_DOMAIN_SIZE,
     MAX_EPSILON,
     MAX_GRID_STEPS,
+    MEMOIZED_MECHANISMS,
     MIN_EPSILON,
     NUMERIC_MECHANISMS,
     RAPPOR_FIELDS,
@@ -35,6 +37,8 @@ AUTO_CANDIDATES = ("grr", "sue", "oue", "olh", "hr")
 
 def valid_fields(name: str) -> dict[str, Any]:
     """A minimal valid spec for ``name``, as keyword arguments."""
+    if name in CHAINED_MECHANISMS:
+        return {"mechanism": name, "epsilon": 1.0, "epsilon_report": MIN_EPSILON, "domain_size": 4}
     if name in CATEGORICAL_MECHANISMS:
         return {"mechanism": name, "epsilon": 1.0, "domain_size": 4}
     if name in STRING_MECHANISMS:  # epsilon is derived from (num_hashes, f, p, q)
@@ -110,7 +114,12 @@ def test_epsilon_must_be_positive_finite_and_at_most_the_maximum(name: str, epsi
 @pytest.mark.parametrize("name", CATEGORICAL + NUMERIC)
 @pytest.mark.parametrize("epsilon", [MIN_EPSILON, 0.5, MAX_EPSILON])
 def test_epsilon_bounds_are_inclusive_where_they_should_be(name: str, epsilon: float) -> None:
-    assert MechanismSpec(**{**valid_fields(name), "epsilon": epsilon}).epsilon == epsilon
+    fields = {**valid_fields(name), "epsilon": epsilon}
+    if name in CHAINED_MECHANISMS and epsilon == MIN_EPSILON:
+        # One report must reveal less than the lifetime bound, and no less than MIN_EPSILON.
+        assert_refused(fields, "epsilon_report")
+        return
+    assert MechanismSpec(**fields).epsilon == epsilon
 
 
 @pytest.mark.parametrize("name", CATEGORICAL)
@@ -182,7 +191,8 @@ def test_bounds_do_not_apply_to_categorical(name: str, field: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", [n for n in CATEGORICAL + NUMERIC + STRING if n not in ("laplace", "piecewise")]
+    "name",
+    [n for n in CATEGORICAL + NUMERIC + STRING if n not in ("laplace", "piecewise", "onebitmean")],
 )
 def test_grid_steps_applies_only_to_gridded_mechanisms(name: str) -> None:
     assert_refused({**valid_fields(name), "grid_steps": 16}, "grid_steps")
@@ -350,3 +360,83 @@ def test_reports_and_estimates_import_from_the_schemas_module() -> None:
     assert schemas.Estimate is Estimate
     with pytest.raises(AttributeError, match="NoSuchModel"):
         _ = schemas.NoSuchModel  # type: ignore[attr-defined]
+
+
+# --- memoized mechanisms -----------------------------------------------------------------
+
+ONE_SHOT = sorted((CATEGORICAL_MECHANISMS | NUMERIC_MECHANISMS) - MEMOIZED_MECHANISMS)
+
+
+@pytest.mark.parametrize("name", sorted(CHAINED_MECHANISMS))
+def test_chained_mechanisms_need_a_smaller_epsilon_report(name: str) -> None:
+    fields = valid_fields(name)
+    del fields["epsilon_report"]
+    assert_refused(fields, "epsilon_report")
+    for report in (1.0, 1.5):
+        assert_refused({**fields, "epsilon_report": report}, "epsilon_report")
+    for report in (0.0, math.nan, MAX_EPSILON + 1):
+        assert_refused({**fields, "epsilon_report": report}, "epsilon_report")
+    spec = MechanismSpec(**{**fields, "epsilon_report": 0.25})
+    assert (spec.epsilon, spec.epsilon_report, spec.is_memoized) == (1.0, 0.25, True)
+
+
+@pytest.mark.parametrize("name", ONE_SHOT + STRING)
+@pytest.mark.parametrize(
+    "field, value", [("epsilon_report", 0.5), ("bits_per_device", 1), ("flip_probability", 0.1)]
+)
+def test_memoization_fields_apply_only_to_their_mechanisms(
+    name: str, field: str, value: float
+) -> None:
+    assert_refused({**valid_fields(name), field: value}, field)
+    assert not MechanismSpec(**valid_fields(name)).is_memoized
+
+
+def test_dbitflip_fills_in_its_defaults_and_checks_its_buckets() -> None:
+    spec = MechanismSpec(mechanism="dbitflip", epsilon=2.0, domain_size=8)
+    assert (spec.bits_per_device, spec.epsilon_report) == (1, 2.0)
+    assert spec.model_dump() == {
+        "mechanism": "dbitflip",
+        "epsilon": 2.0,
+        "domain_size": 8,
+        "epsilon_report": 2.0,
+        "bits_per_device": 1,
+    }
+    assert MechanismSpec(mechanism="dbitflip", epsilon=2.0, domain_size=8, bits_per_device=8)
+    for bits in (0, 9, True):
+        assert_refused(
+            {"mechanism": "dbitflip", "epsilon": 2.0, "domain_size": 8, "bits_per_device": bits},
+            "bits_per_device",
+        )
+    assert_refused(
+        {"mechanism": "dbitflip", "epsilon": 2.0, "domain_size": 8, "epsilon_report": 1.0},
+        "epsilon_report",
+    )
+    assert_refused(
+        {"mechanism": "dbitflip", "epsilon": 2.0, "domain_size": 8, "flip_probability": 0.1},
+        "flip_probability",
+    )
+
+
+@pytest.mark.parametrize("epsilon, gamma", [(0.5, 0.0), (1.0, 0.1), (4.0, 0.25), (8.0, 0.4)])
+def test_onebitmean_derives_what_one_report_reveals(epsilon: float, gamma: float) -> None:
+    fields = {"mechanism": "onebitmean", "epsilon": epsilon, "lower": 0.0, "upper": 10.0}
+    if gamma:
+        fields["flip_probability"] = gamma
+    spec = MechanismSpec(**fields)
+    # The memoized bit is 1 w.p. in [1/(e^eps+1), e^eps/(e^eps+1)]; a flip w.p. gamma maps
+    # pi to gamma + (1 - 2 gamma) pi, and one report's ratio is that of the two ends.
+    high = math.exp(epsilon) / (math.exp(epsilon) + 1)
+    ratio = (gamma + (1 - 2 * gamma) * high) / (gamma + (1 - 2 * gamma) * (1 - high))
+    assert spec.epsilon_report == pytest.approx(math.log(ratio), rel=1e-12)
+    assert spec.epsilon_report <= epsilon
+    assert MechanismSpec(**{**fields, "epsilon_report": spec.epsilon_report}) == spec
+    assert_refused({**fields, "epsilon_report": spec.epsilon_report * 1.01}, "epsilon_report")
+
+
+def test_onebitmean_flip_probability_range() -> None:
+    fields = {"mechanism": "onebitmean", "epsilon": 1.0, "lower": 0.0, "upper": 1.0}
+    for gamma in (-0.1, 0.5, 0.7, math.nan):
+        assert_refused({**fields, "flip_probability": gamma}, "flip_probability")
+    # A flip so close to 1/2 that one report would carry (almost) nothing is refused.
+    assert_refused({**fields, "flip_probability": 0.49999}, "flip_probability")
+    assert MechanismSpec(**{**fields, "grid_steps": 4}).grid_steps == 4
