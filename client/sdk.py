@@ -9,8 +9,17 @@
 (durably, before anything else), perturbs the value with the metric's mechanism and
 the operating system's CSPRNG, and queues only the perturbed report in the outbox; the
 raw value goes no further than this call. A background thread uploads the outbox.
-RAPPOR reports are charged as memoized (``client/ledger.py``): epsilon_infinity once
-per distinct value for life, epsilon_one per report to the period.
+
+Memoized metrics (``lgrr``, ``lsue``, ``loue``, ``losue``, ``dbitflip``, ``onebitmean``,
+and ``rappor`` through ``record_string``) answer from a permanent response that is the
+same for every report of one value, so that repeated reports do not average the noise
+away. It is recomputed on every report from the device secret kept in the privacy ledger
+(``shared.memo.KeyedMemo(secret, memo_scope(metric, version))``, whose streams are
+domain-separated from the ledger's own use of the secret), never stored: it survives
+restarts, and is lost with the secret. The ledger charges (``client/ledger.py``) the
+metric's ``epsilon`` once per distinct memo key for life (RAPPOR: epsilon_infinity), and
+``epsilon_report`` (epsilon_one) to the period for a key's first report in it, topping
+up to ``epsilon`` on a second; the charge is durable before the report is made.
 
 Report times are the coarse hour of the aggregator's clock as the device estimates it
 (``ServerClock``: the device's clock plus the offset read from the last response's
@@ -26,10 +35,12 @@ on the same directory, in this process or another, fails at once with
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import hmac
 import math
 import os
+import ssl
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -45,7 +56,9 @@ from client.outbox import Outbox
 from client.specs import SpecCache, SpecError
 from client.transport import RetryPolicy, ServerClock, Uploader
 from shared.mechanisms import Mechanism, Rappor, make_mechanism
-from shared.schemas import MetricSpec
+from shared.mechanisms.memoized import MemoizedMechanism
+from shared.memo import KeyedMemo, memo_scope
+from shared.schemas import MechanismSpec, MetricSpec
 
 DIRECTORY_LOCK_FILE = "client.lock"
 #: The outbox counter keeping the aggregator's clock offset (whole seconds, rounded down).
@@ -93,11 +106,13 @@ class TelemetryClient:
             base_url=endpoint.rstrip("/"),
             headers={"Authorization": f"Bearer {api_key}"},
             timeout=timeout,
+            verify=tls_context() if transport is None else True,
             transport=transport,
             event_hooks={"response": [self._server_clock.observe]},
         )
         self._specs = SpecCache(state, self._fetch_specs, spec_refresh_seconds)
         self._mechanisms: dict[tuple[str, int], Mechanism] = {}
+        self._memos: dict[tuple[str, int], KeyedMemo] = {}
         self._uploader = Uploader(
             self._outbox, self._post_batch, batch_size, upload_interval, retry, on_tick=self._tick
         )
@@ -114,8 +129,17 @@ class TelemetryClient:
         encoded = (
             category_index(spec, value) if kind == "categorical" else numeric_value(metric, value)
         )
-        self._ledger.debit(metric, spec.mechanism.epsilon)
-        self._enqueue(spec, mechanism.to_payloads(mechanism.encode(encoded))[0])
+        if isinstance(mechanism, MemoizedMechanism):
+            memo = self._memo(spec)
+            key = int(mechanism.memo_keys(encoded, memo)[0])
+            cost = memoized_cost(mechanism)
+            self._ledger.debit_memoized(metric, spec.version, memo_key_bytes(key), cost)
+            # Every memoized mechanism's encode takes the memo (shared.mechanisms.memoized).
+            reports = mechanism.encode(encoded, memo=memo)
+        else:
+            self._ledger.debit(metric, spec.mechanism.epsilon)
+            reports = mechanism.encode(encoded)
+        self._enqueue(spec, mechanism.to_payloads(reports)[0])
 
     def record_string(self, metric: str, value: str) -> None:
         """Report a string for a RAPPOR metric (memoized per device and metric)."""
@@ -188,9 +212,10 @@ class TelemetryClient:
         if self._closed:
             raise RuntimeError("the telemetry client is closed")
         spec = self._specs.get(metric)
-        if spec.mechanism.epsilon > self.limits.max_epsilon_per_report:
+        epsilon = report_epsilon(spec.mechanism)
+        if epsilon > self.limits.max_epsilon_per_report:
             raise SpecError(
-                f"{metric} version {spec.version} asks for epsilon {spec.mechanism.epsilon:g} "
+                f"{metric} version {spec.version} asks for epsilon {epsilon:g} "
                 f"per report, above this device's limit of "
                 f"{self.limits.max_epsilon_per_report:g}: refused"
             )
@@ -199,6 +224,16 @@ class TelemetryClient:
         if mechanism is None:
             mechanism = self._mechanisms[key] = make_mechanism(spec.mechanism)
         return spec, mechanism
+
+    def _memo(self, spec: MetricSpec) -> KeyedMemo:
+        """The device's memo for a metric version (kept while the client lives, so that
+        its streams are hashed once)."""
+        key = (spec.name, spec.version)
+        memo = self._memos.get(key)
+        if memo is None:
+            scope = memo_scope(spec.name, spec.version)
+            memo = self._memos[key] = KeyedMemo(self._ledger.device_secret, scope)
+        return memo
 
     def _enqueue(self, spec: MetricSpec, payload: dict[str, Any]) -> None:
         report = {
@@ -238,19 +273,47 @@ class TelemetryClient:
 
 
 def memoized_cost(mechanism: Mechanism) -> MemoizedCost:
-    """What a report of a memoized mechanism costs the ledger: its lifetime epsilon per
-    distinct value and its epsilon per report (RAPPOR: epsilon_infinity, epsilon_one).
-    A memoized mechanism whose lifetime epsilon is unbounded (RAPPOR with f = 0: the
-    permanent response is the Bloom filter itself) is refused."""
-    if not isinstance(mechanism, Rappor):
+    """What a report of a memoized mechanism costs the ledger: the lifetime epsilon of one
+    memo key and the epsilon of one report (``epsilon`` and ``epsilon_report``; RAPPOR:
+    epsilon_infinity and epsilon_one). A memoized mechanism whose lifetime epsilon is
+    unbounded (RAPPOR with f = 0: the permanent response is the Bloom filter itself) is
+    refused, and so is a mechanism that does not memoize."""
+    if isinstance(mechanism, Rappor):
+        per_value, per_report = mechanism.epsilon_infinity, mechanism.epsilon_one
+        if not math.isfinite(per_value):
+            raise SpecError(
+                f"rappor with f = {mechanism.f:g}: repeated reports of one value have no "
+                "privacy bound (epsilon_infinity is infinite); refused"
+            )
+    elif isinstance(mechanism, MemoizedMechanism):
+        per_value, per_report = mechanism.epsilon_lifetime, mechanism.epsilon_report
+    else:
         raise SpecError(f"{mechanism.name} is not a memoized mechanism")
-    per_value, per_report = mechanism.epsilon_infinity, mechanism.epsilon_one
-    if not math.isfinite(per_value):
-        raise SpecError(
-            f"rappor with f = {mechanism.f:g}: repeated reports of one value have no privacy "
-            "bound (epsilon_infinity is infinite); refused"
-        )
     return MemoizedCost(per_value, per_report)
+
+
+def report_epsilon(spec: MechanismSpec) -> float:
+    """What one report of ``spec`` reveals, the figure the device's per-report limit is
+    about: ``epsilon_report`` for a memoized mechanism, ``epsilon`` otherwise (RAPPOR's
+    ``epsilon`` is its epsilon_one)."""
+    if spec.is_memoized:
+        assert spec.epsilon_report is not None  # required or filled in by MechanismSpec
+        return spec.epsilon_report
+    return spec.epsilon
+
+
+def memo_key_bytes(key: int) -> bytes:
+    """A memo key as the ledger identifies it: 8 bytes, big-endian, two's complement."""
+    return key.to_bytes(8, "big", signed=True)
+
+
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """httpx's default TLS context (certificates verified against its trust store, which
+    ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` may name), built once per process and shared by
+    every client: loading the certificate bundle takes tens of milliseconds, too long to
+    repeat for each ``TelemetryClient`` an app opens."""
+    return httpx.create_ssl_context()
 
 
 def _lock_directory(directory: Path) -> IO[bytes]:

@@ -40,7 +40,12 @@ from tqdm import tqdm
 
 from client import BudgetLimits, RetryPolicy, TelemetryClient
 from shared.mechanisms import CategoricalMechanism, NumericMechanism, make_mechanism
-from shared.schemas import CATEGORICAL_MECHANISMS, NUMERIC_MECHANISMS, MechanismSpec
+from shared.schemas import (
+    CATEGORICAL_MECHANISMS,
+    MEMOIZED_MECHANISMS,
+    NUMERIC_MECHANISMS,
+    MechanismSpec,
+)
 from simulations import report
 from simulations.populations import parse_categorical_shape, parse_numeric_shape
 from simulations.server import start_server
@@ -83,7 +88,12 @@ def register(subparsers: Any) -> None:
         description=DESCRIPTION,
         formatter_class=HelpFormatter,
     )
-    mechanisms = sorted((CATEGORICAL_MECHANISMS | NUMERIC_MECHANISMS) - {"auto"})
+    # A group's devices share one state directory, so a memoized mechanism would give the
+    # devices of a group with one value one permanent response: those have their own
+    # command (longitudinal), where every simulated device keeps its own memo.
+    mechanisms = sorted(
+        (CATEGORICAL_MECHANISMS | NUMERIC_MECHANISMS) - MEMOIZED_MECHANISMS - {"auto"}
+    )
     parser.add_argument("--devices", type=int, default=10_000, help="simulated devices")
     parser.add_argument(
         "--mechanism", choices=mechanisms, default="grr", help="the metric's mechanism"

@@ -67,6 +67,12 @@ class MemoizedMechanism:
         return memo
 
     @abstractmethod
+    def encode(self, values: np.ndarray, rng: Rng = None, memo: Memo | None = None) -> np.ndarray:
+        """Reports of ``values``: each value's permanent response from ``memo`` (one row
+        per value; None: fresh), re-randomized by a fresh instantaneous response from
+        ``rng`` where the mechanism has one."""
+
+    @abstractmethod
     def memo_keys(self, values: np.ndarray, memo: Memo | None = None) -> np.ndarray:
         """The memo key of each value (int64): the permanent response depends on the value
         only through it, so the ledger charges ``epsilon`` once per distinct key (a keyed

@@ -368,6 +368,21 @@ CORRUPTIONS: dict[str, Callable[[bytes], bytes]] = {
     "bad charged value": lambda raw: _rewrite_state(
         raw, lambda s: s.update(charged_values=["not a hash"]), True
     ),
+    "forgotten period report": lambda raw: _rewrite_state(
+        raw, lambda s: s.update(reported_this_period={}), False
+    ),
+    "bad period report": lambda raw: _rewrite_state(
+        raw, lambda s: s.update(reported_this_period={"0" * 64: 3}), True
+    ),
+    "edited lifetime per metric": lambda raw: _rewrite_state(
+        raw, lambda s: s["lifetime_per_metric"].update(m=-1.0), True
+    ),
+    "bad memoized value count": lambda raw: _rewrite_state(
+        raw, lambda s: s["memoized_values_per_metric"].update(m=1.5), True
+    ),
+    "missing format 3 field": lambda raw: _rewrite_state(
+        raw, lambda s: s.pop("memoized_values_per_metric"), True
+    ),
 }
 
 
@@ -625,21 +640,35 @@ MEMO = MemoizedCost(per_value=0.5, per_report=0.125)
 def test_memoized_value_costs_its_lifetime_epsilon_once(tmp_path: Path) -> None:
     limits, clock = make_limits(per_metric_per_period=4.0, total_per_period=8.0), FakeClock()
     ledger = PrivacyLedger(tmp_path, limits, clock=clock)
-    ledger.debit_memoized("s", 1, b"v", MEMO)  # new: 0.5 for life, max(0.5, 0.125) this period
+    ledger.debit_memoized("s", 1, b"v", MEMO)  # new: 0.5 for life, 0.125 this period
+    assert spending(on_disk(tmp_path, limits, clock)) == (0, {"s": 0.125}, 0.125, 0.5)
+    ledger.debit_memoized("s", 1, b"v", MEMO)  # second this period: tops up to 0.5
     assert spending(on_disk(tmp_path, limits, clock)) == (0, {"s": 0.5}, 0.5, 0.5)
-    for _ in range(3):  # repeats: 0.125 each this period, nothing for life
+    for _ in range(3):  # later repeats this period: nothing more
         ledger.debit_memoized("s", 1, b"v", MEMO)
-    ledger.release()
-    assert spending(on_disk(tmp_path, limits, clock)) == (0, {"s": 0.875}, 0.875, 0.5)
+    assert spending(on_disk(tmp_path, limits, clock)) == (0, {"s": 0.5}, 0.5, 0.5)
     ledger.debit_memoized("s", 1, b"w", MEMO)  # another value: its own lifetime charge
-    ledger.release()
-    assert spending(on_disk(tmp_path, limits, clock)) == (0, {"s": 1.375}, 1.375, 1.0)
+    assert spending(on_disk(tmp_path, limits, clock)) == (0, {"s": 0.625}, 0.625, 1.0)
 
     clock.now += PERIOD  # next period: a known value costs only its report
     restarted = PrivacyLedger(tmp_path, limits, clock=clock)  # remembered across restarts
     restarted.debit_memoized("s", 1, b"v", MEMO)
-    restarted.release()
     assert spending(on_disk(tmp_path, limits, clock)) == (1, {"s": 0.125}, 0.125, 1.0)
+    status = on_disk(tmp_path, limits, clock)
+    assert status.lifetime_per_metric == {"s": 1.0}
+    assert status.memoized_values_per_metric == {"s": 2}
+
+
+def test_second_report_of_a_value_in_a_period_is_charged_even_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """Which keys a period has seen is on disk: a restarted ledger tops up, never re-charges
+    a first report, and stops charging once the key's period charge is complete."""
+    limits, clock = make_limits(per_metric_per_period=4.0, total_per_period=8.0), FakeClock()
+    PrivacyLedger(tmp_path, limits, clock=clock).debit_memoized("s", 1, b"v", MEMO)
+    PrivacyLedger(tmp_path, limits, clock=clock).debit_memoized("s", 1, b"v", MEMO)
+    PrivacyLedger(tmp_path, limits, clock=clock).debit_memoized("s", 1, b"v", MEMO)
+    assert spending(on_disk(tmp_path, limits, clock)) == (0, {"s": 0.5}, 0.5, 0.5)
 
 
 def test_memoized_value_identity_is_metric_version_and_value(tmp_path: Path) -> None:
@@ -647,7 +676,10 @@ def test_memoized_value_identity_is_metric_version_and_value(tmp_path: Path) -> 
     ledger = PrivacyLedger(tmp_path, limits, clock=clock)
     for metric, version, value in [("s", 1, b"v"), ("s", 2, b"v"), ("t", 1, b"v"), ("s", 1, b"V")]:
         ledger.debit_memoized(metric, version, value, MEMO)
-    assert on_disk(tmp_path, limits, clock).spent_lifetime == 4 * 0.5
+    status = on_disk(tmp_path, limits, clock)
+    assert status.spent_lifetime == 4 * 0.5
+    assert status.memoized_values_per_metric == {"s": 3, "t": 1}
+    assert status.lifetime_per_metric == {"s": 1.5, "t": 0.5}
     assert len({ledger.value_key("s", 1, b"v"), ledger.value_key("s", 1, b"vv")}) == 2
     # Length-prefixed: a metric name cannot run into the version and value.
     assert ledger.value_key("s", 1, b"v") != ledger.value_key("s\x00", 1, b"v")
@@ -669,7 +701,8 @@ def test_ledger_keeps_keyed_hashes_of_values_never_the_values(tmp_path: Path) ->
         + b"secret-home-page.example",
         hashlib.sha256,
     ).hexdigest()
-    assert state["charged_values"] == [key] and state["format"] == 2
+    assert state["charged_values"] == [key] and state["format"] == 3
+    assert state["reported_this_period"] == {key: 1}
 
 
 def test_new_memoized_value_refused_by_a_cap_spends_nothing(tmp_path: Path) -> None:
@@ -684,63 +717,80 @@ def test_new_memoized_value_refused_by_a_cap_spends_nothing(tmp_path: Path) -> N
     assert after == before
     # A value already charged may still be reported: it costs no lifetime budget.
     ledger.debit_memoized("s", 1, b"a", MEMO)
-    ledger.release()
     assert on_disk(tmp_path, limits, clock).spent_lifetime == 1.0
     # And a new value is still refused (not charged by the refusal, not charged since).
     with pytest.raises(BudgetExhaustedError):
         ledger.debit_memoized("s", 1, b"c", MEMO)
+    assert on_disk(tmp_path, limits, clock).memoized_values_per_metric == {"s": 2}
 
 
-def test_period_caps_bound_memoized_repeats(tmp_path: Path) -> None:
-    """Repeats cost no lifetime budget but do cost the period: 0.5 + 6 x 0.125 = 1.25 <=
-    1.25 fits the per-metric cap, a seventh repeat does not."""
-    limits, clock = make_limits(per_metric_per_period=1.25, max_epsilon_per_report=1.0), FakeClock()
+def test_period_caps_bound_memoized_reports(tmp_path: Path) -> None:
+    """Cap 0.625 per metric: v's reports this period cost 0.125 + 0.375 = 0.5 however many
+    there are; w's first report fits (0.625), its second (topping up 0.375) does not."""
+    limits, clock = make_limits(per_metric_per_period=0.625), FakeClock()
     ledger = PrivacyLedger(tmp_path, limits, clock=clock)
-    ledger.debit_memoized("s", 1, b"v", MEMO)
-    assert debit_until_refused_memoized(ledger, b"v") == 6
-    status = ledger.status()
-    assert status.spent_per_metric["s"] + SLACK >= 1.25 - status.reserved
-    assert on_disk(tmp_path, limits, clock).spent_lifetime == 0.5
+    for _ in range(50):
+        ledger.debit_memoized("s", 1, b"v", MEMO)
+    ledger.debit_memoized("s", 1, b"w", MEMO)
+    with pytest.raises(BudgetExhaustedError, match="above the cap.*second report of one value"):
+        ledger.debit_memoized("s", 1, b"w", MEMO)
+    assert spending(on_disk(tmp_path, limits, clock)) == (0, {"s": 0.625}, 0.625, 1.0)
+    clock.now += PERIOD  # a new period: w's first report of it fits again
+    ledger.debit_memoized("s", 1, b"w", MEMO)
+    assert spending(on_disk(tmp_path, limits, clock)) == (1, {"s": 0.125}, 0.125, 1.0)
 
 
 def test_first_report_of_a_value_larger_than_the_per_metric_cap_is_refused(tmp_path: Path) -> None:
-    limits, clock = make_limits(per_metric_per_period=0.25), FakeClock()
+    limits, clock = make_limits(per_metric_per_period=0.0625), FakeClock()
     ledger = PrivacyLedger(tmp_path, limits, clock=clock)
-    with pytest.raises(BudgetExhaustedError, match="above the cap of 0.25"):
-        ledger.debit_memoized("s", 1, b"v", MEMO)  # the period pays 0.5 for a new value
+    with pytest.raises(BudgetExhaustedError, match="above the cap of 0.0625"):
+        ledger.debit_memoized("s", 1, b"v", MEMO)  # the period pays 0.125
     assert spending(on_disk(tmp_path, limits, clock)) == (0, {}, 0.0, 0.0)
+    assert on_disk(tmp_path, limits, clock).memoized_values_per_metric == {}
 
 
-def test_memoized_and_plain_reservations_of_one_metric_do_not_mix(tmp_path: Path) -> None:
+def test_memoized_and_plain_debits_of_one_metric_do_not_mix(tmp_path: Path) -> None:
     """A metric whose new version changes mechanism: plain debits pay the lifetime total,
     memoized repeats do not, whatever order they come in."""
     limits, clock = make_limits(per_metric_per_period=4.0, total_per_period=8.0), FakeClock()
     ledger = PrivacyLedger(tmp_path, limits, clock=clock)
     ledger.debit_memoized("s", 1, b"v", MEMO)
     for _ in range(4):
-        ledger.debit_memoized("s", 1, b"v", MEMO)  # period 4 x 0.125
+        ledger.debit_memoized("s", 1, b"v", MEMO)  # period up to 0.5 in all
         ledger.debit("s", 0.25)  # period and lifetime 0.25
     ledger.release()
-    assert spending(on_disk(tmp_path, limits, clock)) == (0, {"s": 2.0}, 2.0, 1.5)
+    status = on_disk(tmp_path, limits, clock)
+    assert spending(status) == (0, {"s": 1.5}, 1.5, 1.5)
+    assert status.lifetime_per_metric == {"s": 1.5}
 
 
-def test_format_1_ledger_is_read_and_upgraded(tmp_path: Path) -> None:
+@pytest.mark.parametrize("old_format", [1, 2])
+def test_older_ledger_is_read_and_upgraded(tmp_path: Path, old_format: int) -> None:
     limits, clock = make_limits(), FakeClock()
     ledger = PrivacyLedger(tmp_path, limits, clock=clock)
     ledger.debit("a", 0.5)
+    ledger.debit_memoized("s", 1, b"v", MEMO)
     path = tmp_path / LEDGER_FILE
 
-    def to_format_1(state: dict) -> None:
-        state.update(format=1)
-        del state["charged_values"]
+    def to_old_format(state: dict) -> None:
+        state.update(format=old_format)
+        for field in ("lifetime_per_metric", "memoized_values_per_metric"):
+            del state[field]
+        del state["reported_this_period"]
+        if old_format == 1:
+            del state["charged_values"]
 
-    path.write_bytes(_rewrite_state(path.read_bytes(), to_format_1, True))
+    path.write_bytes(_rewrite_state(path.read_bytes(), to_old_format, True))
     reopened = PrivacyLedger(tmp_path, limits, clock=clock)
     assert reopened.device_secret == ledger.device_secret
+    status = reopened.status()  # read as having no per-metric lifetime figures yet
+    assert (status.lifetime_per_metric, status.memoized_values_per_metric) == ({}, {})
     reopened.debit_memoized("s", 1, b"v", MEMO)
     state = json.loads(json.loads(path.read_bytes())["state"])
-    assert state["format"] == 2 and len(state["charged_values"]) == 1
-    assert state["spent_lifetime"] == 1.0
+    assert state["format"] == 3 and len(state["charged_values"]) == 1
+    # Format 2 knew v was charged: no second lifetime charge; format 1 did not.
+    assert state["spent_lifetime"] == (1.5 if old_format == 1 else 1.0)
+    assert state["memoized_values_per_metric"] == ({"s": 1} if old_format == 1 else {})
 
 
 def test_nonsense_memoized_costs_are_refused() -> None:

@@ -444,10 +444,15 @@ def test_rappor_charges_epsilon_infinity_once_per_distinct_value(
     assert client.close(timeout=5.0) is True
     on_disk = PrivacyLedger(tmp_path, LIMITS).status()
     # Two distinct values: 2 epsilon_infinity for life (not 4 epsilon_one); the period
-    # pays epsilon_infinity for each first report and epsilon_one for the two repeats.
+    # pays epsilon_one for each value's first report, tops a's up to epsilon_infinity at
+    # its second, and nothing for its third.
     assert on_disk.spent_lifetime == pytest.approx(2 * rappor.epsilon_infinity, abs=SLACK)
     assert on_disk.spent_per_metric["str.rappor"] == pytest.approx(
-        2 * rappor.epsilon_infinity + 2 * rappor.epsilon_one, abs=SLACK
+        rappor.epsilon_infinity + rappor.epsilon_one, abs=SLACK
+    )
+    assert on_disk.memoized_values_per_metric == {"str.rappor": 2}
+    assert on_disk.lifetime_per_metric["str.rappor"] == pytest.approx(
+        2 * rappor.epsilon_infinity, abs=SLACK
     )
     assert len(fake.batches[0]) == 4
 
