@@ -58,6 +58,7 @@ __all__ = [
     "KeyedMemo",
     "Memo",
     "MemoDraws",
+    "MemoStreams",
     "SimulatedMemo",
     "memo_scope",
 ]
@@ -74,17 +75,23 @@ def memo_scope(metric: str, version: int) -> bytes:
     return metric.encode("utf-8") + b"\x00" + version.to_bytes(4, "big")
 
 
+class MemoStreams(ABC):
+    """The streams of one purpose, one per row of a memo, keyed by each row's memo key."""
+
+    @abstractmethod
+    def words(self, rows: np.ndarray, starts: np.ndarray, count: int) -> np.ndarray:
+        """``(len(rows), count)`` uint64: words ``starts[i] .. starts[i] + count - 1`` of
+        row ``rows[i]``'s stream."""
+
+
 class Memo(ABC):
     """The permanent randomness of the devices behind a batch of ``size`` values."""
 
     size: int
 
     @abstractmethod
-    def words(
-        self, purpose: bytes, rows: np.ndarray, keys: np.ndarray, starts: np.ndarray, count: int
-    ) -> np.ndarray:
-        """``(len(rows), count)`` uint64: words ``starts[i] .. starts[i] + count - 1`` of the
-        stream of (the device of row ``rows[i]``, ``purpose``, ``keys[i]``)."""
+    def open(self, purpose: bytes, keys: np.ndarray) -> MemoStreams:
+        """The streams of (each row's device, ``purpose``, ``keys[row]``)."""
 
     def draws(self, purpose: bytes, keys: npt.ArrayLike | None = None) -> MemoDraws:
         """Sequential draws for ``purpose``; ``keys`` (one per row, default 0) is the
@@ -118,19 +125,12 @@ class KeyedMemo(Memo):
         self._prefix = MEMO_LABEL + len(scope).to_bytes(2, "big") + scope
         self._streams: dict[tuple[int, bytes, int], bytes] = {}
 
-    def words(
-        self, purpose: bytes, rows: np.ndarray, keys: np.ndarray, starts: np.ndarray, count: int
-    ) -> np.ndarray:
-        out = np.empty((len(rows), count), dtype=np.uint64)
-        single = len(self._secrets) == 1
-        triples = zip(rows.tolist(), keys.tolist(), starts.tolist(), strict=True)
-        for i, (row, key, start) in enumerate(triples):
-            device = 0 if single else row
-            stream = self._stream(device, purpose, key, 8 * (start + count))
-            out[i] = np.frombuffer(stream, dtype=_WORD, count=count, offset=8 * start)
-        return out
+    def open(self, purpose: bytes, keys: np.ndarray) -> MemoStreams:
+        return _KeyedStreams(self, purpose, keys)
 
-    def _stream(self, device: int, purpose: bytes, key: int, size: int) -> bytes:
+    def stream(self, row: int, purpose: bytes, key: int, size: int) -> bytes:
+        """At least ``size`` bytes of row ``row``'s stream for (purpose, key)."""
+        device = 0 if len(self._secrets) == 1 else row
         cache_key = (device, purpose, key)
         stream = self._streams.get(cache_key, b"")
         if len(stream) < size:
@@ -144,6 +144,18 @@ class KeyedMemo(Memo):
             stream = keyed_stream(self._secrets[device], message, max(size, 2 * len(stream), 256))
             self._streams[cache_key] = stream
         return stream
+
+
+class _KeyedStreams(MemoStreams):
+    def __init__(self, memo: KeyedMemo, purpose: bytes, keys: np.ndarray) -> None:
+        self._memo, self._purpose, self._keys = memo, purpose, keys.tolist()
+
+    def words(self, rows: np.ndarray, starts: np.ndarray, count: int) -> np.ndarray:
+        out = np.empty((len(rows), count), dtype=np.uint64)
+        for i, (row, start) in enumerate(zip(rows.tolist(), starts.tolist(), strict=True)):
+            stream = self._memo.stream(row, self._purpose, self._keys[row], 8 * (start + count))
+            out[i] = np.frombuffer(stream, dtype=_WORD, count=count, offset=8 * start)
+        return out
 
 
 def _splitmix(x: np.ndarray) -> np.ndarray:
@@ -183,17 +195,25 @@ class SimulatedMemo(Memo):
         self.size = self._devices.size
         self._seed = int(seed) & 0xFFFF_FFFF_FFFF_FFFF
 
-    def words(
-        self, purpose: bytes, rows: np.ndarray, keys: np.ndarray, starts: np.ndarray, count: int
-    ) -> np.ndarray:
+    def open(self, purpose: bytes, keys: np.ndarray) -> MemoStreams:
         tag = int.from_bytes(keyed_stream(b"simulated memo seed", purpose, 8), "little")
+        state = _splitmix(np.full(self.size, np.uint64(self._seed ^ tag)))
+        state ^= self._devices
+        state = _splitmix(state)
+        state ^= keys.astype(np.uint64)
+        return _SimulatedStreams(_splitmix(state))
+
+
+class _SimulatedStreams(MemoStreams):
+    def __init__(self, state: np.ndarray) -> None:
+        self._state = state  # h, one per row
+
+    def words(self, rows: np.ndarray, starts: np.ndarray, count: int) -> np.ndarray:
         with np.errstate(over="ignore"):
-            state = _splitmix(np.full(len(rows), np.uint64(self._seed ^ tag)))
-            state = _splitmix(state ^ self._devices[rows])
-            state = _splitmix(state ^ keys.astype(np.uint64))
             # h + (start + j + 1) G for j = 0..count-1, one row per stream.
             offsets = np.arange(1, count + 1, dtype=np.uint64) * _GOLDEN
-            return _splitmix(np.add.outer(state + starts.astype(np.uint64) * _GOLDEN, offsets))
+            base = self._state[rows] + starts.astype(np.uint64) * _GOLDEN
+            return _splitmix(np.add.outer(base, offsets))
 
 
 class FreshMemo(Memo):
@@ -203,9 +223,15 @@ class FreshMemo(Memo):
         self._source = source
         self.size = size
 
-    def words(
-        self, purpose: bytes, rows: np.ndarray, keys: np.ndarray, starts: np.ndarray, count: int
-    ) -> np.ndarray:
+    def open(self, purpose: bytes, keys: np.ndarray) -> MemoStreams:
+        return _FreshStreams(self._source)
+
+
+class _FreshStreams(MemoStreams):
+    def __init__(self, source: RandomSource) -> None:
+        self._source = source
+
+    def words(self, rows: np.ndarray, starts: np.ndarray, count: int) -> np.ndarray:
         return self._source.words(len(rows) * count).reshape(len(rows), count)
 
 
@@ -213,20 +239,18 @@ class MemoDraws:
     """Each row's words for one purpose, read in order: the exact samplers over a memo."""
 
     def __init__(self, memo: Memo, purpose: bytes, keys: npt.ArrayLike | None = None) -> None:
-        self._memo = memo
-        self._purpose = purpose
         size = memo.size
-        self._keys = (
-            np.zeros(size, dtype=np.int64) if keys is None else np.asarray(keys, dtype=np.int64)
-        )
-        if self._keys.shape != (size,):
+        array = np.zeros(size, dtype=np.int64) if keys is None else np.asarray(keys, np.int64)
+        if array.shape != (size,):
             raise ValueError(f"memo keys must be {size} integers, one per row")
+        self._size = size
+        self._streams = memo.open(purpose, array)
         self._position = np.zeros(size, dtype=np.int64)
 
     def words(self, count: int, rows: np.ndarray | None = None) -> np.ndarray:
         """The next ``count`` words of each row (of ``rows``, default all): (rows, count)."""
-        rows = np.arange(self._keys.size) if rows is None else rows
-        out = self._memo.words(self._purpose, rows, self._keys[rows], self._position[rows], count)
+        rows = np.arange(self._size) if rows is None else rows
+        out = self._streams.words(rows, self._position[rows], count)
         self._position[rows] += count
         return out
 
@@ -241,7 +265,7 @@ class MemoDraws:
     def integers(self, high: npt.ArrayLike) -> np.ndarray:
         """One integer per row, exactly uniform on {0, .., high - 1} (``high`` per row or
         one for all): a word masked below the next power of two, rejected while >= high."""
-        size = self._keys.size
+        size = self._size
         bounds = np.broadcast_to(np.asarray(high, dtype=np.int64), (size,))
         if np.any(bounds < 1):
             raise ValueError(f"integers() needs high >= 1, got {high!r}")

@@ -28,7 +28,7 @@ results and PNG plots. Run 'ldp-sim COMMAND --help' for the options of each.
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from simulations import accuracy_commands, federated, fleet
+    from simulations import accuracy_commands, federated, fleet, longitudinal
 
     parser = argparse.ArgumentParser(
         prog="ldp-sim",
@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     accuracy_commands.register(subparsers)
     federated.register(subparsers)
     fleet.register(subparsers)
+    longitudinal.register(subparsers)
     return parser
 
 

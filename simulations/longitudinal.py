@@ -1,0 +1,854 @@
+"""``ldp-sim longitudinal``: repeated collection, memoized mechanisms against one-shot ones.
+
+Population. ``n`` devices (ids 0..n-1) hold one value per period t = 0..T-1: a category
+in 0..d-1 drawn from a shape (``zipf:S``, ``uniform``, ``counts:FILE``) and a number in
+[lower, upper] drawn from a numeric shape (the midpoints of its 1024-bin histogram, as
+in ``ldp-sim numeric``). At t = 0 every device draws both; at every later period each
+device, with probability c (``--change``), draws a new category from the same law, and
+independently, with probability c, a new number (a new draw may equal the old value).
+The population depends on the seed alone (devices in blocks of ``DEVICE_BLOCK``, each
+block from its own generator): every mechanism and every repetition sees the same data.
+
+Mechanisms. The memoized ones (``lgrr``, ``lsue``, ``loue``, ``losue``, ``dbitflip``,
+``onebitmean``; ``shared.mechanisms.memoized``) at ``epsilon`` per distinct value and
+``epsilon_report`` per report, each device's permanent randomness from
+``SimulatedMemo(device ids, seed)``: the same ids every period, so a device that keeps
+its value keeps its permanent response. The one-shot references (``grr``, ``sue``,
+``oue``, numeric ``duchi``) spend ``epsilon_report`` on every report.
+
+Accuracy per period. Each period's reports give that period's estimate, whose error
+against the period's truth is set beside the analytical variance:
+
+* categorical: Var[f_v] = q (1 - q) / (n (p - q)^2) + f_v (1 - p - q) / (n (p - q))
+  (Wang, Blocki, Li and Jha, USENIX Security 2017), with p and q the probabilities that
+  one report supports v given the value v or another one; for a chained mechanism those
+  of the whole chain, p = p1 p2 + (1 - p1) q2 and q = q1 p2 + (1 - q1) q2 (Arcolezi,
+  Couchot, Al Bouna and Xiao, "Improving the utility of locally differentially private
+  protocols for longitudinal and multidimensional frequency estimates", 2022); where a
+  mechanism's estimator is not this one (``dbitflip`` divides by the devices that sampled
+  each bucket, Ding, Kulkarni and Yekhanin, NeurIPS 2017), its own ``frequency_variance``;
+* numeric: Var[mean] = (1 / n^2) sum_i Var[y | x_i] (``report_variance``).
+
+Over the devices' independent memos, one period's reports are independent and follow
+the one-report law, so each period's estimate is unbiased with that variance: ``ratio``
+= sum over periods and outputs of the squared errors / the same sum of variances, 1 in
+expectation. The errors of different periods share the permanent responses and are
+correlated, so the ratio's standard error comes from independent repetitions
+(``--reps``: fresh memos and noise over the same population).
+
+Lifetime epsilon per device. Memoized: ``epsilon`` times the number of distinct memo
+keys (``memo_keys``) the device used in the T periods, what the device ledger charges
+(any number of reports of one key are post-processing of one epsilon-LDP permanent
+response; k keys compose to k epsilon). One-shot: T ``epsilon_report`` (sequential
+composition). Over the devices: mean, median, 99th percentile and maximum.
+
+Adversary. ``--adversary-devices`` further devices hold one value for all T periods,
+uniform over the d categories (numeric: over {lower, upper}, k = 2 values; otherwise
+k = d), and an adversary who sees one device's T reports guesses its value: the argmax
+of the frequencies estimated from those reports alone (numeric: the end of the range
+nearer their mean). When the reports are post-processing of one epsilon-LDP response
+(memoized, unchanged value), no guess succeeds with probability above
+
+    e^eps / (e^eps + k - 1):
+
+for every output y, max_v P(y | v) <= e^eps min_v P(y | v), so sum_v P(y | v) >=
+max_v P(y | v) (1 + (k - 1) e^-eps), and P(success) <= (1 / k) sum_y max_v P(y | v)
+<= e^eps / (e^eps + k - 1). A stateless implementation (``memo=None``: a permanent
+response drawn anew every period, as without device state) composes T reports, and its
+success tends to 1 as T grows: the leak memoization closes. ``adversary_memoized`` and
+``adversary_stateless`` are the two success rates, ``adversary_bound`` the bound at what
+one unchanging value may reveal (memoized: ``epsilon``; one-shot: T ``epsilon_report``);
+a rate is a leak (``leak_memoized``, ``leak_stateless``) when it exceeds the bound by
+more than ``LEAK_Z`` binomial standard errors, which a mechanism that keeps the bound
+does at most once in 10^6 runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from shared.estimates import z_value
+from shared.mechanisms import CategoricalMechanism, Mechanism, NumericMechanism, make_mechanism
+from shared.mechanisms.memoized import MemoizedMechanism
+from shared.memo import Memo, SimulatedMemo
+from shared.randomness import Rng
+from shared.schemas import MechanismSpec
+from simulations import report
+from simulations.accuracy_commands import (
+    _list_of,
+    _mechanisms,
+    _positive_float,
+    _positive_int,
+    _shape,
+    _users,
+)
+from simulations.execution import run_units
+from simulations.populations import (
+    CategoricalShape,
+    NumericShape,
+    parse_categorical_shape,
+    parse_numeric_shape,
+)
+from simulations.text import HelpFormatter, counted
+
+__all__ = [
+    "LEAK_Z",
+    "MEMOIZED",
+    "NUMERIC",
+    "ONE_SHOT",
+    "RESULT_COLUMNS",
+    "LongitudinalRun",
+    "Population",
+    "distinct_per_device",
+    "encode",
+    "frequency_variances",
+    "guess_bound",
+    "make_specs",
+    "plot_longitudinal",
+    "reidentified",
+    "register",
+    "simulate",
+]
+
+MEMOIZED = ("lgrr", "lsue", "loue", "losue", "dbitflip", "onebitmean")
+ONE_SHOT = ("grr", "sue", "oue", "duchi")
+NUMERIC = frozenset({"onebitmean", "duchi"})
+#: Devices per work unit; also the population's blocks (each from its own generator).
+DEVICE_BLOCK = 1 << 16
+#: The numeric law's bin shares, apportioned exactly to this many (2^-40 resolution).
+LAW_RESOLUTION = 1 << 40
+#: A success rate this many standard errors above the bound is a leak (one-sided 1e-6).
+LEAK_Z = z_value(1 - 2e-6)
+#: Generator streams of the run's seed: the population's values and the memos' seeds.
+POPULATION_STREAM, MEMO_STREAM = 1, 2
+
+RESULT_COLUMNS = (
+    "mechanism memoized epsilon epsilon_report devices periods change reps mse variance "
+    "ratio ratio_se lifetime_mean lifetime_median lifetime_p99 lifetime_max "
+    "one_shot_lifetime adversary_memoized adversary_stateless adversary_bound "
+    "leak_memoized leak_stateless seconds"
+).split()
+TABLE_COLUMNS = (
+    "mechanism epsilon epsilon_report ratio ratio_se lifetime_mean lifetime_median "
+    "lifetime_p99 lifetime_max one_shot_lifetime adversary_memoized adversary_stateless "
+    "adversary_bound"
+).split()
+
+
+@dataclass(frozen=True)
+class Population:
+    """The drifting values of ``devices`` devices over ``periods`` periods (module docstring)."""
+
+    devices: int
+    periods: int
+    change: float
+    domain_size: int
+    shape: CategoricalShape
+    numeric_shape: NumericShape
+    lower: float
+    upper: float
+    seed: int
+
+    def __post_init__(self) -> None:
+        if self.devices < 1 or self.periods < 1:
+            raise ValueError(
+                f"a population needs devices >= 1 and periods >= 1, got {self.devices} and "
+                f"{self.periods}"
+            )
+        if not 0.0 <= self.change <= 1.0:
+            raise ValueError(f"change must be a probability in [0, 1], got {self.change}")
+        if self.domain_size < 2:
+            raise ValueError(f"domain_size must be >= 2, got {self.domain_size}")
+        if not self.lower < self.upper:
+            raise ValueError(f"lower ({self.lower}) must be below upper ({self.upper})")
+
+    def blocks(self) -> list[tuple[int, int]]:
+        """The device blocks ``[start, stop)``."""
+        return [
+            (start, min(self.devices, start + DEVICE_BLOCK))
+            for start in range(0, self.devices, DEVICE_BLOCK)
+        ]
+
+    def law(self, numeric: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(values, probabilities) of a fresh draw: categories and their shares, or the
+        numeric histogram's midpoints and their shares."""
+        return _law(
+            self.shape, self.numeric_shape, self.domain_size, self.lower, self.upper, numeric
+        )
+
+    def values(self, start: int, numeric: bool) -> Iterator[np.ndarray]:
+        """The values of the block of devices from ``start``, one array per period."""
+        if start % DEVICE_BLOCK or not 0 <= start < self.devices:
+            raise ValueError(f"start {start} is not the first device of a block")
+        size = min(self.devices, start + DEVICE_BLOCK) - start
+        rng = np.random.default_rng(
+            [self.seed, POPULATION_STREAM, int(numeric), start // DEVICE_BLOCK]
+        )
+        support, probabilities = self.law(numeric)
+        current = support[rng.choice(support.size, size=size, p=probabilities)]
+        for period in range(self.periods):
+            if period:
+                current = current.copy()
+                changed = np.flatnonzero(rng.random(size) < self.change)
+                current[changed] = support[
+                    rng.choice(support.size, size=changed.size, p=probabilities)
+                ]
+            yield current
+
+
+@functools.lru_cache(maxsize=16)
+def _law(
+    shape: CategoricalShape,
+    numeric_shape: NumericShape,
+    domain_size: int,
+    lower: float,
+    upper: float,
+    numeric: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``Population.law``, computed once per process and population."""
+    if numeric:
+        histogram = numeric_shape.population(lower, upper, LAW_RESOLUTION)
+        return histogram.levels, histogram.counts / LAW_RESOLUTION
+    shares = shape.shares(domain_size)
+    return np.arange(domain_size), shares / shares.sum()
+
+
+@functools.lru_cache(maxsize=64)
+def _mechanism(spec: MechanismSpec) -> Mechanism[Any, Any]:
+    """``make_mechanism(spec)``, built once per process: a worker runs many units of one
+    spec, and a mechanism keeps nothing between calls but its derived parameters."""
+    return make_mechanism(spec)
+
+
+def make_specs(
+    names: Sequence[str],
+    epsilon: float,
+    epsilon_report: float,
+    population: Population,
+    bits_per_device: int = 1,
+    flip_probability: float = 0.0,
+) -> list[MechanismSpec]:
+    """The specs of ``names``: memoized ones at (``epsilon``, ``epsilon_report``; dbitflip and
+    onebitmean derive theirs), one-shot ones at ``epsilon_report`` per report.
+
+    Raises ``pydantic.ValidationError`` naming the field a spec refuses.
+    """
+    specs = []
+    for name in names:
+        fields: dict[str, Any] = {"mechanism": name}
+        if name in NUMERIC:
+            fields.update(lower=population.lower, upper=population.upper)
+        else:
+            fields["domain_size"] = population.domain_size
+        if name not in MEMOIZED:
+            fields["epsilon"] = epsilon_report
+        elif name == "dbitflip":
+            fields.update(epsilon=epsilon, bits_per_device=bits_per_device)
+        elif name == "onebitmean":
+            fields.update(epsilon=epsilon, flip_probability=flip_probability)
+        else:
+            fields.update(epsilon=epsilon, epsilon_report=epsilon_report)
+        specs.append(MechanismSpec.model_validate(fields))
+    return specs
+
+
+def encode(mech: Mechanism[Any, Any], values: np.ndarray, rng: Rng, memo: Memo | None) -> Any:
+    """``mech``'s reports of ``values``: memoized mechanisms draw their permanent responses
+    from ``memo`` (``None``: anew), the others take no memo."""
+    if isinstance(mech, MemoizedMechanism):
+        return mech.encode(values, rng, memo=memo)
+    if memo is not None:
+        raise ValueError(f"{mech.name!r} is not memoized: it takes no memo")
+    return mech.encode(values, rng)
+
+
+def guess_bound(epsilon: float, values: int) -> float:
+    """e^eps / (e^eps + k - 1): the most often any guess of a value uniform over ``values``
+    = k values can be right from one eps-LDP output (module docstring)."""
+    return 1.0 / (1.0 + (values - 1) * math.exp(-epsilon))
+
+
+def reidentified(
+    mech: Mechanism[Any, Any],
+    values: np.ndarray,
+    periods: Sequence[int],
+    rng: np.random.Generator,
+    memo: Memo | None,
+) -> list[float]:
+    """The adversary's success rate after each number of reports in ``periods``.
+
+    Every device reports its unchanging value ``max(periods)`` times (with ``memo``, or
+    stateless for ``None``); after t reports the adversary guesses each device's value from
+    its first t reports alone: the argmax of the frequencies they estimate (numeric: the end
+    of the range nearer their debiased mean). Categorical guesses aggregate each device's
+    reports on their own, one ``aggregate`` per device: a sample of devices, not a fleet.
+    """
+    horizon = max(periods)
+    reports = np.stack([encode(mech, values, rng, memo) for _ in range(horizon)])
+    rates = []
+    for t in periods:
+        if isinstance(mech, NumericMechanism):
+            flat = reports[:t].reshape(t * values.size, *reports.shape[2:])
+            means = mech.debias(mech.check_reports(flat)).reshape(t, values.size).mean(axis=0)
+            guesses = np.where(means > mech.centre, mech.upper, mech.lower)
+        else:
+            guesses = np.array(
+                [
+                    int(np.argmax(mech.estimate(mech.aggregate(reports[:t, i])).frequencies))
+                    for i in range(values.size)
+                ]
+            )
+        rates.append(float(np.mean(guesses == values)))
+    return rates
+
+
+# --- work units ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BlockUnit:
+    """One mechanism over one block of devices for all T periods, in one repetition."""
+
+    population: Population
+    spec: MechanismSpec
+    start: int
+    memo_seed: int
+    seed: np.random.SeedSequence
+
+
+@dataclass
+class BlockResult:
+    """A block's statistics and truth per period, and its devices' distinct memo keys.
+
+    ``truth`` (T, k) sums the block's values per output (category counts, or the sum of the
+    numbers: k = 1) and ``noise`` (T, k) the block's part of n^2 Var of each estimate
+    (categorical: m^2 Var[f_v] at the block's m devices and frequencies; numeric:
+    sum_i Var[y | x_i]); both add over blocks. ``distinct[j]``
+    counts the devices that used j distinct memo keys (None: not memoized).
+    """
+
+    statistics: list[Any]
+    truth: np.ndarray
+    noise: np.ndarray
+    distinct: np.ndarray | None
+    seconds: float
+
+
+@dataclass(frozen=True)
+class AdversaryUnit:
+    """The adversary's experiment on one mechanism (module docstring)."""
+
+    population: Population
+    spec: MechanismSpec
+    devices: int
+    memo_seed: int
+    seed: np.random.SeedSequence
+
+
+def frequency_variances(mech: CategoricalMechanism, frequencies: np.ndarray, n: int) -> np.ndarray:
+    """Var[f_v] of each frequency estimate from n reports at the true ``frequencies``: the
+    mechanism's own ``frequency_variance`` where its estimator has one (``dbitflip``'s
+    counts the devices that sampled each bucket), else the frequency oracles'
+    q (1 - q) / (n (p - q)^2) + f_v (1 - p - q) / (n (p - q))."""
+    own = getattr(mech, "frequency_variance", None)
+    if own is not None:
+        return np.asarray(own(frequencies, n), dtype=np.float64)
+    p, q = mech.p, mech.q
+    return (q * (1 - q) / (p - q) ** 2 + frequencies * (1 - p - q) / (p - q)) / n
+
+
+def _truth_and_noise(mech: Mechanism[Any, Any], values: np.ndarray) -> tuple[Any, Any]:
+    """A block's sums of values per output and its part of n^2 Var (``BlockResult``): both
+    variances are (a + b f) / n, so m^2 Var at the block's own m and f adds over blocks."""
+    m = values.size
+    if isinstance(mech, CategoricalMechanism):
+        counts = np.bincount(values, minlength=mech.domain_size).astype(np.float64)
+        return counts, m * m * frequency_variances(mech, counts / m, m)
+    assert isinstance(mech, NumericMechanism)
+    return [float(values.sum())], [float(mech.report_variance(values).sum())]
+
+
+def distinct_per_device(keys: np.ndarray) -> np.ndarray:
+    """The number of distinct entries in each column of a (periods, devices) key matrix."""
+    ordered = np.sort(keys, axis=0)
+    return 1 + np.count_nonzero(np.diff(ordered, axis=0), axis=0)
+
+
+def run_block(unit: BlockUnit) -> BlockResult:
+    """Encode, aggregate and record one block over all periods (the function workers run)."""
+    started = time.perf_counter()
+    mech = _mechanism(unit.spec)
+    rng = np.random.default_rng(unit.seed)
+    population = unit.population
+    stop = min(population.devices, unit.start + DEVICE_BLOCK)
+    memoized = isinstance(mech, MemoizedMechanism)
+    memo = SimulatedMemo(np.arange(unit.start, stop), unit.memo_seed) if memoized else None
+    keys = []
+    statistics, truth, noise = [], [], []
+    numeric = unit.spec.mechanism in NUMERIC
+    for values in population.values(unit.start, numeric):
+        statistics.append(mech.aggregate(encode(mech, values, rng, memo)))
+        if isinstance(mech, MemoizedMechanism):
+            keys.append(mech.memo_keys(values, memo))
+        sums, variances = _truth_and_noise(mech, values)
+        truth.append(sums)
+        noise.append(variances)
+    distinct = (
+        np.bincount(distinct_per_device(np.stack(keys)), minlength=population.periods + 1)
+        if memoized
+        else None
+    )
+    return BlockResult(
+        statistics,
+        np.array(truth, dtype=np.float64),
+        np.array(noise, dtype=np.float64),
+        distinct,
+        time.perf_counter() - started,
+    )
+
+
+def run_adversary(unit: AdversaryUnit) -> tuple[float, float]:
+    """(memoized, stateless) success rates after T reports (memoized: NaN for one-shot)."""
+    mech = _mechanism(unit.spec)
+    rng = np.random.default_rng(unit.seed)
+    population = unit.population
+    if unit.spec.mechanism in NUMERIC:
+        values = rng.choice(np.array([population.lower, population.upper]), size=unit.devices)
+    else:
+        values = rng.integers(population.domain_size, size=unit.devices)
+    periods = [population.periods]
+    stateless = reidentified(mech, values, periods, rng, None)[0]
+    if not isinstance(mech, MemoizedMechanism):
+        return math.nan, stateless
+    memo = SimulatedMemo(np.arange(unit.devices), unit.memo_seed)
+    return reidentified(mech, values, periods, rng, memo)[0], stateless
+
+
+def _run_unit(unit: BlockUnit | AdversaryUnit) -> BlockResult | tuple[float, float]:
+    return run_block(unit) if isinstance(unit, BlockUnit) else run_adversary(unit)
+
+
+# --- the run -------------------------------------------------------------------------------
+
+
+@dataclass
+class LongitudinalRun:
+    """What ``simulate`` measured: one row per mechanism, one per (mechanism, period), and
+    the distribution of lifetime epsilon over devices (pooled over repetitions)."""
+
+    rows: list[dict[str, Any]]
+    periods: list[dict[str, Any]]
+    lifetime: list[dict[str, Any]]
+
+
+def memo_seed(seed: int, index: int, rep: int) -> int:
+    """The memo seed of mechanism ``index`` in repetition ``rep`` (rep -1: the adversary's)."""
+    state = np.random.SeedSequence([seed, MEMO_STREAM, index, rep + 1]).generate_state(2)
+    return int(state[0]) << 32 | int(state[1])
+
+
+def simulate(
+    population: Population,
+    specs: Sequence[MechanismSpec],
+    *,
+    reps: int = 1,
+    adversary_devices: int = 1000,
+    workers: int = 1,
+    scheduler: str | None = None,
+    progress: bool = True,
+) -> LongitudinalRun:
+    """Run every spec over ``population`` ``reps`` times, and the adversary's experiment on
+    ``adversary_devices`` devices (0: skipped), where the options say (``run_units``)."""
+    if reps < 1:
+        raise ValueError(f"reps must be >= 1, got {reps}")
+    if adversary_devices < 0:
+        raise ValueError(f"adversary_devices must be >= 0, got {adversary_devices}")
+    plan: list[tuple[str, int, int, int]] = [
+        ("block", index, rep, start)
+        for index in range(len(specs))
+        for rep in range(reps)
+        for start, _ in population.blocks()
+    ]
+    if adversary_devices:
+        plan += [("adversary", index, -1, 0) for index in range(len(specs))]
+    seeds = np.random.SeedSequence(population.seed).spawn(len(plan))
+    units: list[BlockUnit | AdversaryUnit] = [
+        BlockUnit(population, specs[index], start, memo_seed(population.seed, index, rep), s)
+        if kind == "block"
+        else AdversaryUnit(
+            population, specs[index], adversary_devices, memo_seed(population.seed, index, -1), s
+        )
+        for (kind, index, rep, start), s in zip(plan, seeds, strict=True)
+    ]
+    results = run_units(
+        _run_unit,
+        units,
+        workers=workers,
+        scheduler=scheduler,
+        progress=progress,
+        description="longitudinal units",
+    )
+    blocks: dict[tuple[int, int], list[BlockResult]] = {}
+    adversary: dict[int, tuple[float, float]] = {}
+    for (kind, index, rep, _), result in zip(plan, results, strict=True):
+        if kind == "block":
+            assert isinstance(result, BlockResult)
+            blocks.setdefault((index, rep), []).append(result)
+        else:
+            assert isinstance(result, tuple)
+            adversary[index] = result
+    run = LongitudinalRun([], [], [])
+    for index, spec in enumerate(specs):
+        per_rep = [blocks[(index, rep)] for rep in range(reps)]
+        _summarize(run, spec, population, per_rep, adversary.get(index), adversary_devices)
+    return run
+
+
+def _period_errors(
+    mech: Mechanism[Any, Any], parts: list[BlockResult], devices: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(squared errors, variances), each (T, k), of one repetition's per-period estimates."""
+    truth = np.sum([part.truth for part in parts], axis=0) / devices
+    variance = np.sum([part.noise for part in parts], axis=0) / devices**2
+    errors = np.empty_like(truth)
+    for period in range(truth.shape[0]):
+        stats = (
+            parts[0].statistics[period].merge_many(part.statistics[period] for part in parts[1:])
+        )
+        estimate = mech.estimate(stats)
+        vector = estimate.frequencies if isinstance(mech, CategoricalMechanism) else [estimate.mean]
+        errors[period] = np.asarray(vector, dtype=np.float64) - truth[period]
+    return errors**2, variance
+
+
+def _quantile(counts: np.ndarray, level: float) -> int:
+    """The least j with at least a ``level`` share of ``counts``' mass at or below j."""
+    total = int(counts.sum())
+    return int(np.searchsorted(np.cumsum(counts), max(1, math.ceil(level * total))))
+
+
+def _lifetime(
+    mech: Mechanism[Any, Any], per_rep: list[list[BlockResult]], periods: int
+) -> tuple[dict[str, float], list[tuple[float, float, float]]]:
+    """The lifetime epsilon's summary over devices, and its distribution as (distinct keys,
+    lifetime epsilon, share of devices) over every repetition's devices."""
+    if not isinstance(mech, MemoizedMechanism):
+        spent = periods * mech.epsilon
+        names = ("lifetime_mean", "lifetime_median", "lifetime_p99", "lifetime_max")
+        return dict.fromkeys(names, spent), [(math.nan, spent, 1.0)]
+    histogram = np.zeros(periods + 1, dtype=np.int64)
+    for parts in per_rep:
+        for part in parts:
+            assert part.distinct is not None
+            histogram += part.distinct
+    per_key = mech.epsilon_lifetime
+    total = int(histogram.sum())
+    summary = {
+        "lifetime_mean": per_key * float(np.arange(periods + 1) @ histogram) / total,
+        "lifetime_median": per_key * _quantile(histogram, 0.5),
+        "lifetime_p99": per_key * _quantile(histogram, 0.99),
+        "lifetime_max": per_key * int(np.flatnonzero(histogram)[-1]),
+    }
+    used = np.flatnonzero(histogram).tolist()
+    return summary, [(keys, per_key * keys, int(histogram[keys]) / total) for keys in used]
+
+
+def _summarize(
+    run: LongitudinalRun,
+    spec: MechanismSpec,
+    population: Population,
+    per_rep: list[list[BlockResult]],
+    adversary: tuple[float, float] | None,
+    adversary_devices: int,
+) -> None:
+    """Add ``spec``'s row, its rows per period and its lifetime distribution to ``run``."""
+    mech = _mechanism(spec)
+    name = spec.mechanism
+    periods = population.periods
+    errors = [_period_errors(mech, parts, population.devices) for parts in per_rep]
+    rep_ratios = [float(squares.sum() / variance.sum()) for squares, variance in errors]
+    mse_by_period = np.mean([squares.mean(axis=1) for squares, _ in errors], axis=0)
+    variance_by_period = errors[0][1].mean(axis=1)  # one population for every repetition
+    memoized = isinstance(mech, MemoizedMechanism)
+    epsilon_report = mech.epsilon_report if isinstance(mech, MemoizedMechanism) else spec.epsilon
+    lifetime, distribution = _lifetime(mech, per_rep, periods)
+    run.lifetime += [
+        {"mechanism": name, "distinct_keys": keys, "lifetime_epsilon": spent, "share": share}
+        for keys, spent, share in distribution
+    ]
+    # What one unchanging value may reveal: epsilon if memoized, T reports' worth if not.
+    unchanged = (
+        mech.epsilon_lifetime if isinstance(mech, MemoizedMechanism) else periods * spec.epsilon
+    )
+    bound = guess_bound(unchanged, 2 if name in NUMERIC else population.domain_size)
+    margin = LEAK_Z * math.sqrt(bound * (1 - bound) / max(adversary_devices, 1))
+    memo_rate, stateless_rate = adversary if adversary is not None else (math.nan, math.nan)
+    reps = len(per_rep)
+    run.rows.append(
+        {
+            "mechanism": name,
+            "memoized": memoized,
+            "epsilon": spec.epsilon,
+            "epsilon_report": epsilon_report,
+            "devices": population.devices,
+            "periods": periods,
+            "change": population.change,
+            "reps": reps,
+            "mse": float(mse_by_period.mean()),
+            "variance": float(variance_by_period.mean()),
+            "ratio": float(np.mean(rep_ratios)),
+            "ratio_se": float(np.std(rep_ratios, ddof=1) / math.sqrt(reps))
+            if reps > 1
+            else math.nan,
+            **lifetime,
+            "one_shot_lifetime": periods * epsilon_report,
+            "adversary_memoized": memo_rate,
+            "adversary_stateless": stateless_rate,
+            "adversary_bound": bound,
+            "leak_memoized": bool(memo_rate > bound + margin),
+            "leak_stateless": bool(stateless_rate > bound + margin),
+            "seconds": sum(part.seconds for parts in per_rep for part in parts),
+        }
+    )
+    run.periods += [
+        {
+            "mechanism": name,
+            "period": period,
+            "mse": float(mse_by_period[period]),
+            "variance": float(variance_by_period[period]),
+            "ratio": float(mse_by_period[period] / variance_by_period[period]),
+        }
+        for period in range(periods)
+    ]
+
+
+# --- plot ----------------------------------------------------------------------------------
+
+
+def plot_longitudinal(run: LongitudinalRun, path: Path) -> None:
+    """Left: MSE / analytical variance per period and mechanism, the 0.9-1.1 band shaded.
+    Right: lifetime epsilon over devices per mechanism (range, median, mean, p99) beside
+    what one-shot reporting at the same per-report epsilon spends."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
+    names = [row["mechanism"] for row in run.rows]
+    for index, name in enumerate(names):
+        mine = [r for r in run.periods if r["mechanism"] == name]
+        left.plot(
+            [r["period"] for r in mine], [r["ratio"] for r in mine], label=name,
+            **report.series_style(index),
+        )  # fmt: skip
+    left.axhspan(0.9, 1.1, color="0.85", zorder=0, label="0.9-1.1")
+    left.axhline(1.0, color="0.4", linewidth=0.8, linestyle=report.THEORY_STYLE)
+    left.set_xlabel("period")
+    left.set_ylabel("MSE / analytical variance")
+    left.set_title("accuracy per period")
+    left.grid(True, alpha=0.3)
+    left.legend(fontsize="x-small", ncol=2)
+
+    for index, row in enumerate(run.rows):
+        spent = [r["lifetime_epsilon"] for r in run.lifetime if r["mechanism"] == row["mechanism"]]
+        color = f"C{index % 10}"
+        right.vlines(index, min(spent), max(spent), color=color, linewidth=2)
+        right.plot(index, row["lifetime_median"], "o", color=color, markerfacecolor="none")
+        right.plot(index, row["lifetime_mean"], "^", color=color)
+        right.plot(index, row["lifetime_p99"], "s", color=color, markerfacecolor="none")
+        right.plot(index, row["one_shot_lifetime"], "x", color="black")
+    for marker, label, face in (
+        ("o", "median", "none"), ("^", "mean", "0.3"), ("s", "99th percentile", "none"),
+        ("x", "one-shot: T x epsilon_report", "black"),
+    ):  # fmt: skip
+        right.plot([], [], marker, color="0.3" if marker != "x" else "black",
+                   markerfacecolor=face, label=label)  # fmt: skip
+    right.set_xticks(range(len(names)), names, rotation=30)
+    right.set_yscale("log")
+    plain = matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}")
+    right.yaxis.set_major_formatter(plain)
+    right.yaxis.set_minor_formatter(plain)
+    right.set_ylabel("lifetime epsilon per device (line: range)")
+    right.set_title(f"lifetime epsilon over {counted(run.rows[0]['periods'], 'period')}")
+    right.grid(True, which="both", alpha=0.3)
+    right.legend(fontsize="x-small")
+    report.save_figure(figure, path)
+
+
+# --- command line --------------------------------------------------------------------------
+
+DESCRIPTION = """\
+Repeated collection: T periods of a population whose values drift (each period a
+device draws a new value with probability --change), reported by every memoized
+mechanism (lgrr, lsue, loue, losue, dbitflip, onebitmean: epsilon per distinct value,
+epsilon_report per report) and by the one-shot ones for reference (grr, sue, oue,
+duchi at epsilon_report per report).
+
+For each mechanism: the MSE of the per-period estimates over their analytical
+variance (1 in expectation; --reps repetitions give its standard error), the lifetime
+epsilon per device (memoized: epsilon per distinct value the device reported; one-shot:
+T x epsilon_report) as mean, median, 99th percentile and maximum over devices, and an
+adversary's check: devices that keep one value, whose T reports the adversary averages
+to guess it, memoized and stateless (the permanent response drawn anew each period),
+against the most any guess can achieve within the lifetime epsilon of one value.
+
+Work runs in this process, on a local Dask cluster (--workers N) or on an existing one
+(--scheduler ADDRESS); the seed fixes the results whatever runs them. With --out DIR:
+results.csv (one row per mechanism), periods.csv (accuracy per period), lifetime.csv
+(the lifetime epsilon's distribution over devices), results.json and longitudinal.png.
+"""
+
+
+def _probability(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{text!r} is not a probability in [0, 1]")
+    return value
+
+
+def _count(text: str) -> int:
+    """An integer >= 0."""
+    value = int(text.replace("_", ""))
+    if value < 0:
+        raise ValueError(f"{text!r} is not an integer >= 0")
+    return value
+
+
+def _checked(kind: Any) -> Any:
+    """``kind`` as an argparse type whose ValueError becomes a usage error."""
+
+    def parse(text: str) -> Any:
+        try:
+            return kind(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return parse
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``longitudinal`` subcommand."""
+    parser = subparsers.add_parser(
+        "longitudinal",
+        help="repeated collection: memoized mechanisms against one-shot reporting",
+        description=DESCRIPTION,
+        formatter_class=HelpFormatter,
+    )
+    names = list(MEMOIZED + ONE_SHOT)
+    parser.add_argument(
+        "--mechanisms", type=_list_of(_mechanisms(set(names)), "mechanisms"),
+        help=f"comma-separated, memoized {','.join(MEMOIZED)} and one-shot "
+        f"{','.join(ONE_SHOT)} (default: all)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--epsilon", type=_checked(_positive_float), default=2.0,
+        help="memoized: the lifetime bound per distinct value",
+    )  # fmt: skip
+    parser.add_argument(
+        "--epsilon-report", type=_checked(_positive_float), default=1.0,
+        help="what one report reveals (lgrr, lsue, loue, losue; one-shot mechanisms)",
+    )  # fmt: skip
+    parser.add_argument("--devices", type=_checked(_users), default=100_000, help="devices n")
+    parser.add_argument("--periods", type=_checked(_positive_int), default=30, help="periods T")
+    parser.add_argument(
+        "--change", type=_checked(_probability), default=0.1,
+        help="probability that a device draws a new value each period",
+    )  # fmt: skip
+    parser.add_argument(
+        "--domain-size", type=_checked(_positive_int), default=16, help="categories d"
+    )
+    parser.add_argument(
+        "--shape", type=_shape(parse_categorical_shape), default="zipf:1.1",
+        help="law of a categorical draw: uniform | zipf:S | counts:FILE",
+    )  # fmt: skip
+    parser.add_argument(
+        "--numeric-shape", type=_shape(parse_numeric_shape), default="uniform",
+        help="law of a numeric draw: uniform | normal:MEAN,SD | exponential:SCALE",
+    )  # fmt: skip
+    parser.add_argument("--lower", type=float, default=0.0, help="numeric: lowest value")
+    parser.add_argument("--upper", type=float, default=1.0, help="numeric: highest value")
+    parser.add_argument(
+        "--bits-per-device", type=_checked(_positive_int), default=1,
+        help="dbitflip: buckets each device samples",
+    )  # fmt: skip
+    parser.add_argument(
+        "--flip-probability", type=_checked(_probability), default=0.0,
+        help="onebitmean: output perturbation (below 0.5)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--adversary-devices", type=_checked(_count), default=1000,
+        help="devices in the adversary's check (0: skip it)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--reps", type=_checked(_positive_int), default=1, help="repetitions (fresh memos)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of every random draw")
+    parser.add_argument(
+        "--out", type=Path, metavar="DIR", help="directory for the CSV, JSON and plot"
+    )
+    parser.add_argument(
+        "--workers", type=_checked(_positive_int), default=1,
+        help="local Dask workers (1: in-process)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--scheduler", help="address of an existing Dask scheduler, tcp://HOST:PORT"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(run=_run, command_parser=parser)
+
+
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    try:
+        population = Population(
+            args.devices, args.periods, args.change, args.domain_size, args.shape,
+            args.numeric_shape, args.lower, args.upper, args.seed,
+        )  # fmt: skip
+        population.law(numeric=False)
+        population.law(numeric=True)
+    except ValueError as error:
+        parser.error(str(error))
+    specs = []
+    for name in args.mechanisms or MEMOIZED + ONE_SHOT:
+        try:
+            (spec,) = make_specs(
+                [name], args.epsilon, args.epsilon_report, population, args.bits_per_device,
+                args.flip_probability,
+            )  # fmt: skip
+            make_mechanism(spec)
+        except ValidationError as error:
+            first = error.errors()[0]
+            field = ".".join(str(part) for part in first["loc"])
+            parser.error(f"{name}: {field + ': ' if field else ''}{first['msg']}")
+        except KeyError:
+            parser.error(f"{name}: this installation's mechanism library does not have it")
+        specs.append(spec)
+    run = simulate(
+        population, specs, reps=args.reps, adversary_devices=args.adversary_devices,
+        workers=args.workers, scheduler=args.scheduler, progress=not args.quiet,
+    )  # fmt: skip
+    print(report.format_table(run.rows, TABLE_COLUMNS))
+    if args.out is not None:
+        report.write_csv(args.out / "results.csv", run.rows)
+        report.write_csv(args.out / "periods.csv", run.periods)
+        report.write_csv(args.out / "lifetime.csv", run.lifetime)
+        report.write_json(
+            args.out / "results.json",
+            {"mechanisms": run.rows, "periods": run.periods, "lifetime": run.lifetime},
+        )
+        plot_longitudinal(run, args.out / "longitudinal.png")
+        print(
+            f"wrote {args.out / 'results.csv'}, periods.csv, lifetime.csv, results.json and "
+            "longitudinal.png"
+        )
+    return 0
