@@ -32,16 +32,16 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
 import threading
-import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from aggregator import observability as obs
-from aggregator.storage import Storage
+from aggregator.repositories.keys import KeysRepository
 
 logger = logging.getLogger("ldp.aggregator")
 
@@ -105,7 +105,7 @@ class KeyRing:
     time). Revocation and new keys reach every aggregator process within ``ttl``.
     """
 
-    def __init__(self, storage: Storage, ttl: float = 2.0) -> None:
+    def __init__(self, storage: KeysRepository, ttl: float = 2.0) -> None:
         self._storage = storage
         self._ttl = ttl
         self._lock = threading.Lock()
@@ -220,9 +220,7 @@ def listed_keys(environ: Mapping[str, str]) -> dict[str, tuple[str, Role]]:
         variable = KEY_VARIABLES[role]
         for key in filter(None, (k.strip() for k in environ.get(variable, "").split(","))):
             if len(key) < MIN_KEY_LENGTH:
-                raise ValueError(
-                    f"{variable}: keys must have at least {MIN_KEY_LENGTH} characters"
-                )
+                raise ValueError(f"{variable}: keys must have at least {MIN_KEY_LENGTH} characters")
             digest = hash_key(key)
             other = listed.get(digest, (key, role))[1]
             if other != role:
@@ -235,7 +233,7 @@ def listed_keys(environ: Mapping[str, str]) -> dict[str, tuple[str, Role]]:
 
 
 def sync_environment_keys(
-    keys: KeyRing, storage: Storage, environ: Mapping[str, str]
+    keys: KeyRing, storage: KeysRepository, environ: Mapping[str, str]
 ) -> KeyChanges:
     """Make the stored environment keys follow ``LDP_*_KEYS`` (the rules are in the module
     docstring); raises ValueError, changing nothing, for a badly formed list."""
@@ -254,27 +252,29 @@ def sync_environment_keys(
             storage.restore_key(row["key_id"], ENVIRONMENT_LABELS[role])
             changes.restored.append(row["key_id"])
     for digest, (key, role) in listed.items():
-        row = stored.get(digest)
+        found = stored.get(digest)
         variable = KEY_VARIABLES[role]
-        if row is None:
+        if found is None:
             key_id = keys.import_key(key, role, ENVIRONMENT_LABELS[role])
             if key_id is not None:  # else another process stored it meanwhile
                 changes.added.append(key_id)
-        elif row["role"] != role:
+        elif found["role"] != role:
             changes.refused.append(
-                f"a key listed in {variable} is stored as {KEY_OF_ROLE[row['role']]} (id "
-                f"{row['key_id']}); a key keeps its role: list a new key"
+                f"a key listed in {variable} is stored as {KEY_OF_ROLE[found['role']]} (id "
+                f"{found['key_id']}); a key keeps its role: list a new key"
             )
-        elif row["revoked_at"] is not None and not row["label"].endswith(UNLISTED):
+        elif found["revoked_at"] is not None and not found["label"].endswith(UNLISTED):
             changes.refused.append(
-                f"a key listed in {variable} (id {row['key_id']}) was revoked; a revocation "
+                f"a key listed in {variable} (id {found['key_id']}) was revoked; a revocation "
                 "is final: list a new key"
             )
     keys.reload()
     return changes
 
 
-def bootstrap_keys(keys: KeyRing, storage: Storage, environ: Mapping[str, str]) -> str | None:
+def bootstrap_keys(
+    keys: KeyRing, storage: KeysRepository, environ: Mapping[str, str]
+) -> str | None:
     """Make the keys follow ``LDP_*_KEYS``; when none is stored at all, create an admin key.
 
     Returns the created admin key, to be printed once, or None. Run once per start,

@@ -2,7 +2,7 @@
 
 Lookups (``get``, ``mechanism``, ``versions``, ``latest``) answer from memory. At most
 once per ``refresh_seconds`` a lookup first reads the storage's change stamp
-(``Storage.metrics_stamp``: one indexed row and a count), and only when the stamp
+(``MetricsRepository.metrics_stamp``: one indexed row and a count), and only when the stamp
 differs from the one the cache was built at does it read and parse every definition
 again. So another process's new metric or version is seen by every lookup made
 ``refresh_seconds`` or more after it was committed, while a flood of lookups of names
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pydantic import TypeAdapter
 
 from aggregator import observability as obs
-from aggregator.storage import Storage
+from aggregator.repositories.metrics import MetricsRepository
 from shared.mechanisms import Mechanism, make_mechanism
 from shared.schemas import MetricSpec
 
@@ -78,7 +78,7 @@ class Catalog:
     Prometheus counter ``ldp_catalog_reloads_total``).
     """
 
-    def __init__(self, storage: Storage, refresh_seconds: float = 1.0) -> None:
+    def __init__(self, storage: MetricsRepository, refresh_seconds: float = 1.0) -> None:
         self._storage = storage
         self._refresh_seconds = refresh_seconds
         self._refreshing = threading.Lock()  # one thread reads the storage at a time

@@ -50,9 +50,9 @@ from aggregator.auth import ROLES, KeyRing, bootstrap_keys
 from aggregator.demo_data import fill_demo_data
 from aggregator.observability import uvicorn_log_config
 from aggregator.registry import DEMO_METRICS, load_definitions
+from aggregator.repositories.database import SchemaMismatchError
 from aggregator.service import Aggregator
 from aggregator.settings import Settings, default_database
-from aggregator.storage import SchemaMismatchError
 from shared.schemas import MetricSpec
 
 #: Most metrics the start lists by name (the rest are counted).
@@ -199,9 +199,7 @@ def check_address(host: str, port: int) -> None:
     if not 0 <= port <= 65535:
         raise ValueError(f"--port must be 0..65535, got {port}")
     try:
-        addresses = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as error:
         raise ValueError(f"--host {host!r}: {error.strerror}") from None
     for family, kind, protocol, _, address in dict.fromkeys(addresses):
@@ -220,9 +218,7 @@ def check_address(host: str, port: int) -> None:
                 ) from None
 
 
-def startup_summary(
-    args: argparse.Namespace, settings: Settings, metrics: list[MetricSpec]
-) -> str:
+def startup_summary(args: argparse.Namespace, settings: Settings, metrics: list[MetricSpec]) -> str:
     """What a start tells its operator, once: address, database, metrics, key recovery."""
     workers = f"{args.workers} worker{'s' * (args.workers != 1)}"
     names = [f"{m.name} v{m.version} ({m.mechanism.mechanism})" for m in metrics]
@@ -249,9 +245,8 @@ def demo_data_summary(filled: dict[str, int]) -> str:
     if not filled:
         return "--demo-data: the database already holds statistics; no demo reports added"
     total = sum(filled.values())
-    return (
-        f"--demo-data: stored {total:,} perturbed reports from simulated devices: "
-        + ", ".join(f"{n:,} for {m}" for m, n in filled.items())
+    return f"--demo-data: stored {total:,} perturbed reports from simulated devices: " + ", ".join(
+        f"{n:,} for {m}" for m, n in filled.items()
     )
 
 

@@ -1,10 +1,11 @@
 """Domain errors as problem documents: one table, registered once by ``create_app``.
 
-Routes and the services they call raise plain domain exceptions; ``PROBLEMS`` says, for
-each exception type, which problem document (``aggregator/problems.py``) answers it.
-A type with a fixed answer maps to ``(status, problem type, title)`` and an optional
-field that the ``errors`` list names; ``BatchRejected`` and ``FederatedError`` carry
-their own status, type and title, read from the exception.
+Routes and the services they call raise plain domain exceptions, which know nothing of
+HTTP; ``PROBLEMS`` says, for each exception type, which problem document
+(``aggregator/problems.py``) answers it: its status, problem type and title, with the
+exception's message as the detail. The ``errors`` list names one field (``Fixed`` with
+``field``), or is the exception's own list of located problems (``Located``: the
+invalid reports of a batch, the field of a federated request at fault).
 """
 
 from __future__ import annotations
@@ -16,8 +17,17 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from aggregator.auth import InvalidKeyRequestError, UnknownKeyError
-from aggregator.federated import FederatedError
-from aggregator.ingest import BatchRejected
+from aggregator.federated import (
+    FederatedError,
+    InvalidTaskError,
+    InvalidUpdateError,
+    NotEnoughUpdatesError,
+    StaleRoundError,
+    TaskExistsError,
+    TaskFinishedError,
+    UnknownTaskError,
+)
+from aggregator.ingest import BatchRejected, BatchTooLargeError, InvalidBatchError
 from aggregator.problems import ProblemError, problem_response
 from aggregator.service import (
     InvalidEstimateError,
@@ -47,15 +57,18 @@ class Fixed:
         return ProblemError(self.status, self.kind, self.title, str(error), errors)
 
 
-def _rejected_batch(error: Exception) -> ProblemError:
-    assert isinstance(error, BatchRejected)
-    kind = "invalid-batch" if error.status == 422 else "too-large"
-    return ProblemError(error.status, kind, error.title, str(error), error.problems)
+@dataclass(frozen=True)
+class Located:
+    """A problem with a fixed status, type and title, whose ``errors`` list is the
+    exception's own ``problems`` (where the request was wrong: report, field, why)."""
 
+    status: int
+    kind: str
+    title: str
 
-def _federated(error: Exception) -> ProblemError:
-    assert isinstance(error, FederatedError)
-    return ProblemError(error.status, error.kind, error.title, str(error), error.problems)
+    def __call__(self, error: Exception) -> ProblemError:
+        assert isinstance(error, BatchRejected | FederatedError)
+        return ProblemError(self.status, self.kind, self.title, str(error), error.problems)
 
 
 #: Every domain exception a route lets through, and the problem document answering it.
@@ -67,8 +80,15 @@ PROBLEMS: dict[type[Exception], Callable[[Exception], ProblemError]] = {
     InvalidKeyRequestError: Fixed(422, "invalid-key-request", "Invalid key request", "label"),
     UnknownKeyError: Fixed(404, "unknown-key", "Unknown key"),
     StorageUnavailableError: Fixed(503, "storage-unavailable", "Storage unreachable"),
-    BatchRejected: _rejected_batch,
-    FederatedError: _federated,
+    InvalidBatchError: Located(422, "invalid-batch", InvalidBatchError.summary),
+    BatchTooLargeError: Located(413, "too-large", BatchTooLargeError.summary),
+    UnknownTaskError: Located(404, "unknown-task", "Unknown task"),
+    InvalidTaskError: Located(422, "invalid-task", "Invalid task"),
+    TaskExistsError: Located(409, "task-exists", "Task exists"),
+    TaskFinishedError: Located(409, "task-finished", "Task finished"),
+    StaleRoundError: Located(409, "stale-round", "Not the open round"),
+    NotEnoughUpdatesError: Located(409, "not-enough-updates", "Not enough updates"),
+    InvalidUpdateError: Located(422, "invalid-update", "Invalid update"),
 }
 
 

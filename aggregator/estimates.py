@@ -142,7 +142,15 @@ class EstimateBase(BaseModel):
     metric: str
     version: int
     mechanism: str
-    epsilon: float
+    epsilon: float = Field(
+        description="The metric's epsilon: per report, or for memoized mechanisms the lifetime "
+        "bound per distinct value (see epsilon_report)."
+    )
+    epsilon_report: float | None = Field(
+        default=None,
+        description="Memoized mechanisms only: what one report reveals. Their estimates are "
+        "per period: in a window where each device reports once, n counts devices.",
+    )
     n: int
     confidence: float = CONFIDENCE
     window: Window
@@ -236,6 +244,11 @@ def build_estimate(
         "version": metric.version,
         "mechanism": metric.mechanism.mechanism,
         "epsilon": metric.mechanism.epsilon,
+        **(
+            {"epsilon_report": metric.mechanism.epsilon_report}
+            if metric.mechanism.is_memoized
+            else {}
+        ),
         "n": stats.n,
         "confidence": CONFIDENCE,
         "window": window.as_json(),

@@ -1,31 +1,37 @@
 """Federated learning tasks in the service: create, serve rounds, take uploads, close rounds.
 
 A task runs through :class:`shared.federated.task.TaskState` (the same object the
-simulations use), stored as JSON in ``federated_tasks``; uploads of the open round wait
-in ``federated_updates``. Everything here is a transaction on storage, so several
-aggregator processes can serve one task: the task row is locked while an upload is
-admitted or a round closes, and a round closes exactly once.
+simulations use), stored as JSON in its row (``aggregator/repositories/tasks.py``);
+uploads of the open round wait beside it. Several aggregator processes can serve one
+task: an upload is admitted against the task's row, locked for the moment of its
+insert, and a round's close is computed from a snapshot (the task and its round's
+uploads) outside any lock or transaction, then committed by compare-and-swap on the
+task's (status, round, attempt) and the round's uploads. A close that loses the swap
+(another closed the round first, or an upload came in meanwhile) is discarded, never
+stored, and computed again from a new snapshot if the round still needs it: so a round
+closes exactly once, and report ingestion never waits on a round's accounting.
 
 Round life. A round opens with a deadline ``round_timeout_seconds`` ahead. It closes
-when ``max_clients`` uploads arrived (by default ``ceil(clients_per_round)``), or at its
-deadline if at least ``min_clients`` did (dropouts are tolerated). With fewer, the round
-is restarted: its uploads are deleted unread, its ``attempt`` goes up by one with a new
-deadline, and devices, seeing a new attempt, decide afresh whether to take part (an
-upload names its attempt; one for an abandoned attempt is refused as stale). Merely
-moving the deadline on would stall a round that too few devices had chosen, since each
-decides once; and letting devices decide again while earlier uploads stay would take a
-device into a round with probability above q, past what is accounted. Closing
-aggregates the uploads with the task's privacy mode, steps the model, charges the round
-to the accountant, evaluates the model on the task's public evaluation set if it has
-one, and opens the next round; a task whose planned rounds are done is ``completed``,
-and one whose next round would exceed its privacy budget is ``budget_exhausted`` (no
-such round ever runs). A round whose aggregation fails on non-finite values
-(ArithmeticError or ValueError) is restarted as a short one is, logged and counted in
-``ldp_federated_failed_rounds``, and the task goes on.
+when ``max_clients`` uploads arrived (by default ``ceil(clients_per_round)``; the upload
+that fills the round closes it before it is answered, and later ones are refused as no
+longer open), or at its deadline if at least ``min_clients`` did (dropouts are
+tolerated). With fewer, the round is restarted: its uploads are deleted unread, its
+``attempt`` goes up by one with a new deadline, and devices, seeing a new attempt,
+decide afresh whether to take part (an upload names its attempt; one for an abandoned
+attempt is refused as stale). Merely moving the deadline on would stall a round that too
+few devices had chosen, since each decides once; and letting devices decide again while
+earlier uploads stay would take a device into a round with probability above q, past
+what is accounted. Closing aggregates the uploads with the task's privacy mode, steps
+the model, charges the round to the accountant, evaluates the model on the task's public
+evaluation set if it has one, and opens the next round; a task whose planned rounds are
+done is ``completed``, and one whose next round would exceed its privacy budget is
+``budget_exhausted`` (no such round ever runs). A round whose aggregation fails on
+non-finite values (ArithmeticError or ValueError) is restarted as a short one is, logged
+and counted in ``ldp_federated_failed_rounds``, and the task goes on.
 
 Uploads. An upload names its round and carries the update as base64 of little-endian
 float64. It is refused, with nothing stored, when the task is unknown or finished, the
-round is not the open one, the vector has the wrong length or a NaN or infinity, or (in
+round is not the open one (or is full), the vector has the wrong length or a NaN or infinity, or (in
 the local and distributed modes, where the upload carries its own noise) its L2 norm
 exceeds what an honest client's clipped and noised update reaches but with probability
 below exp(-50). In the central mode the server clips whatever arrives to C instead. The
@@ -44,12 +50,21 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 
 from aggregator import observability as obs
-from aggregator.storage import Storage, TaskChange, TaskRow, TaskUpdate, UpdateRow
+from aggregator.repositories.tasks import (
+    Admission,
+    OpenRound,
+    StoredUpload,
+    TaskRow,
+    TasksRepository,
+    TaskUpdate,
+    UpdateRow,
+)
 from shared.federated.messages import (
     EvaluationSet,
     RoundOut,
@@ -63,35 +78,94 @@ from shared.federated.messages import (
 from shared.federated.models import evaluate, make_model
 from shared.federated.task import BudgetExhaustedError, TaskConfig, TaskState
 
-__all__ = ["Federated", "FederatedError"]
+__all__ = [
+    "Federated",
+    "FederatedError",
+    "InvalidTaskError",
+    "InvalidUpdateError",
+    "NotEnoughUpdatesError",
+    "StaleRoundError",
+    "TaskExistsError",
+    "TaskFinishedError",
+    "UnknownTaskError",
+]
 
 logger = logging.getLogger("ldp.aggregator")
 
 
 class FederatedError(Exception):
-    """A refused federated request: HTTP status, problem type and title, and why."""
+    """A refused federated request: why (the message), and the fields at fault (``problems``:
+    ``{"field", "message"}`` items, or None)."""
 
-    def __init__(
-        self,
-        status: int,
-        kind: str,
-        title: str,
-        detail: str,
-        problems: list[dict[str, Any]] | None = None,
-    ) -> None:
+    def __init__(self, detail: str, problems: list[dict[str, Any]] | None = None) -> None:
         super().__init__(detail)
-        self.status, self.kind, self.title, self.problems = status, kind, title, problems
+        self.problems = problems
+
+
+class UnknownTaskError(FederatedError):
+    """No federated task has that name."""
+
+
+class InvalidTaskError(FederatedError):
+    """A task that cannot run as asked: its noise cannot be set, or its evaluation set does
+    not fit its model."""
+
+
+class TaskExistsError(FederatedError):
+    """A task of that name exists already."""
+
+
+class TaskFinishedError(FederatedError):
+    """The task has run all of its planned rounds, or stopped at its privacy budget."""
+
+
+class StaleRoundError(FederatedError):
+    """An upload for a round, or an attempt of it, that is not open to uploads."""
+
+
+class NotEnoughUpdatesError(FederatedError):
+    """A round asked to close with fewer than ``min_clients`` uploads."""
+
+
+class InvalidUpdateError(FederatedError):
+    """An upload refused for what it carries: not base64, a wrong length, a NaN or
+    infinity, a norm or an unclipped bit that no honest device sends."""
 
 
 def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-class Federated:
-    """The service's federated tasks, over :class:`aggregator.storage.Storage`."""
+@dataclass(frozen=True)
+class _Closing:
+    """A round's close as computed (not yet committed): the task's next row, and what
+    happened, reported only once the change is committed."""
 
-    def __init__(self, storage: Storage, clock: Callable[[], float] = time.time) -> None:
-        self.storage = storage
+    change: TaskUpdate
+    outcome: Literal["closed", "restarted", "failed", "exhausted"]
+    error: str = ""
+
+    def report(self, task: TaskRow) -> None:
+        """Count and log the committed change (a discarded one never is)."""
+        if self.outcome == "closed":
+            obs.FEDERATED_ROUNDS.inc()
+        elif self.outcome == "restarted":
+            obs.FEDERATED_RESTARTS.inc()
+        elif self.outcome == "failed":
+            obs.log(
+                logger, logging.ERROR, "federated round failed; restarted",
+                task=task.name, round=task.round, error=self.error,
+            )  # fmt: skip
+            obs.FEDERATED_FAILED_ROUNDS.inc()
+        else:
+            obs.log(logger, logging.WARNING, "federated task out of budget", task=task.name)
+
+
+class Federated:
+    """The service's federated tasks, over a :class:`TasksRepository`."""
+
+    def __init__(self, repository: TasksRepository, clock: Callable[[], float] = time.time) -> None:
+        self.repository = repository
         self.clock = clock
 
     # --- tasks ---------------------------------------------------------------------------
@@ -102,42 +176,40 @@ class Federated:
             try:
                 request.evaluation.check(request.config.model)
             except ValueError as error:
-                raise FederatedError(
-                    422, "invalid-task", "Invalid task", str(error),
-                    [{"field": "evaluation", "message": str(error)}],
-                ) from None  # fmt: skip
+                raise InvalidTaskError(
+                    str(error), [{"field": "evaluation", "message": str(error)}]
+                ) from None
         try:  # calibration may find no multiplier, or one the other fields do not fit
             state = TaskState.start(request.config)
             status = _status_after(state)
         except (ValueError, ArithmeticError) as error:
-            raise FederatedError(
-                422, "invalid-task", "Invalid task", f"cannot set the task's noise: {error}",
+            raise InvalidTaskError(
+                f"cannot set the task's noise: {error}",
                 [{"field": "config", "message": str(error)}],
-            ) from None  # fmt: skip
+            ) from None
         row = TaskRow(
             request.name,
             status,
             state.round,
+            state.attempt,
             _dump(state),
             None if request.evaluation is None else request.evaluation.model_dump_json(),
             self.clock() + request.config.round_timeout_seconds,
         )
-        if not self.storage.create_task(row):
-            raise FederatedError(
-                409, "task-exists", "Task exists", f"a task named {request.name!r} exists"
-            )
+        if not self.repository.create_task(row):
+            raise TaskExistsError(f"a task named {request.name!r} exists")
         return self._status(row, 0)
 
     def tasks(self) -> list[TaskStatus]:
-        return [self._status(row, self.storage.update_count(row.name, row.round)) for row in
-                self.storage.tasks()]  # fmt: skip
+        return [self._status(row, self.repository.update_count(row.name, row.round)) for row in
+                self.repository.tasks()]  # fmt: skip
 
     def status(self, name: str) -> TaskStatus:
         row = self._task(name)
-        return self._status(row, self.storage.update_count(name, row.round))
+        return self._status(row, self.repository.update_count(name, row.round))
 
     def round(self, name: str) -> RoundOut:
-        """The open round of a running task (409 once the task is finished)."""
+        """The open round of a running task (``TaskFinishedError`` once it is finished)."""
         row = self._task(name)
         if row.status != "running":
             raise _finished(row)
@@ -163,143 +235,132 @@ class Federated:
         """Store one upload for the open round; the one that fills the round closes it.
 
         A retry of an upload already taken (same ``update_id``) is answered as a
-        duplicate, even after its round closed; a new upload is checked against the
-        locked task (open round, length, finiteness, norm) before anything is stored.
+        duplicate, even after its round closed. A new upload is checked (open round,
+        length, finiteness, norm) against the task as read, outside any transaction, and
+        stored only if the task is still there when its row is locked; if the task moved
+        on meanwhile, it is read and checked again. A round already holding
+        ``max_clients`` uploads refuses it (``StaleRoundError``: the round is closing).
         """
-        self._task(name)  # 404 for an unknown task; closes a round past its deadline
+        task = self._task(name)  # UnknownTaskError; closes a round past its deadline
         try:
             raw = base64.b64decode(upload.update, validate=True)
         except (binascii.Error, ValueError):
             raise _bad_update("update", "the update is not valid base64") from None
-
-        def admit(task: TaskRow) -> int:
-            if task.status != "running":
-                raise _finished(task)
+        update_id = upload.update_id.bytes
+        row = UpdateRow(raw, upload.unclipped, upload.num_examples)
+        while True:
             state = _state(task)
-            if (upload.round, upload.attempt) != (task.round, state.attempt):
-                field, expected, detail = (
-                    ("round", task.round, f"round {task.round} is open")
-                    if upload.round != task.round
-                    else ("attempt", state.attempt, f"attempt {state.attempt} is open (restarted)")
+            stored = self.repository.find_update(name, update_id)
+            if stored is None:
+                _admit(task, state, upload, raw)
+                stored = self.repository.add_update(
+                    name, update_id, row, task, _capacity(state.config)
                 )
-                raise FederatedError(
-                    409,
-                    "stale-round",
-                    "Not the open round",
-                    f"the upload is for round {upload.round}, attempt {upload.attempt}; {detail}",
-                    [{"field": field, "message": f"expected {expected}"}],
-                )
-            _check_vector(state, raw)
-            _check_unclipped(state, upload.unclipped)
-            return task.round
-
-        try:
-            new, round_number, count = self.storage.add_update(
-                name,
-                upload.update_id.bytes,
-                UpdateRow(raw, upload.unclipped, upload.num_examples),
-                admit,
-                self._closer(force=False, when_full=True),
+            if stored.admission is not Admission.MOVED:
+                break
+            task = self._task(name)
+        if stored.admission is Admission.FULL:
+            raise StaleRoundError(
+                f"round {task.round} holds its {stored.count} uploads and is closing; "
+                "the next round opens when it has closed",
+                [{"field": "round", "message": f"round {task.round} is full"}],
             )
-        except KeyError:
-            raise _unknown(name) from None
+        new = stored.admission is Admission.ADDED
         obs.FEDERATED_UPDATES.labels("accepted" if new else "duplicate").inc()
+        if _fills(task, state, stored):
+            self._close(name, force=False, when_full=True)
         return UpdateAccepted(
-            accepted=new, duplicate=not new, round=round_number, updates_received=count
+            accepted=new, duplicate=not new, round=stored.round, updates_received=stored.count
         )
 
     # --- closing rounds ------------------------------------------------------------------
 
     def close(self, name: str) -> TaskStatus:
-        """Close the open round now (admin): 409 unless it has ``min_clients`` uploads."""
+        """Close the open round now (admin): ``NotEnoughUpdatesError`` unless it has
+        ``min_clients`` uploads."""
         row = self._task(name)
         if row.status != "running":
             raise _finished(row)
         closed = self._close(name, force=True)
         if closed is not None and closed.round == row.round and closed.status == "running":
-            count = self.storage.update_count(name, row.round)
+            count = self.repository.update_count(name, row.round)
             minimum = _state(row).config.min_clients
-            raise FederatedError(
-                409,
-                "not-enough-updates",
-                "Not enough updates",
-                f"round {row.round} has {count} updates; it closes with at least {minimum}",
+            raise NotEnoughUpdatesError(
+                f"round {row.round} has {count} updates; it closes with at least {minimum}"
             )
         return self.status(name)
 
     def tick(self) -> int:
         """Close (or restart) every round whose deadline passed; the number of tasks seen."""
-        due = self.storage.due_tasks(self.clock())
+        due = self.repository.due_tasks(self.clock())
         for name in due:
             self._close(name, force=False)
         return len(due)
 
-    def _close(self, name: str, force: bool) -> TaskRow | None:
-        """Close ``name``'s open round if it may: ``force`` (the admin asks) or its deadline
-        passed; a due round short of ``min_clients`` is restarted."""
-        return self.storage.change_task(name, self._closer(force=force, when_full=False))
+    def _close(self, name: str, force: bool, when_full: bool = False) -> TaskRow | None:
+        """Close ``name``'s open round if it may (see ``_closing``), by compare-and-swap:
+        computed from a snapshot outside any transaction, committed only if the task and
+        its round are still as read; else discarded and computed again from a new
+        snapshot. The task as it is afterwards (None if unknown)."""
+        while True:
+            opened = self.repository.open_round(name)
+            if opened is None:
+                return None
+            closing = self._closing(opened, force, when_full)
+            if closing is None:
+                return opened.task
+            replaced = self.repository.replace_round(opened, closing.change)
+            if replaced is not None:
+                closing.report(opened.task)
+                return replaced
 
-    def _closer(
-        self, force: bool, when_full: bool
-    ) -> Callable[[TaskRow, list[UpdateRow]], TaskChange]:
-        """The round-closing step, run by storage on the locked task and its uploads.
+    def _closing(self, opened: OpenRound, force: bool, when_full: bool) -> _Closing | None:
+        """The change closing the round of ``opened``, computed (no I/O), or None.
 
         It closes the round when ``force``, when ``when_full`` and the round holds
-        ``max_clients`` uploads (by default ``ceil(clients_per_round)``), or when the
-        deadline passed with at least ``min_clients``; a due round with fewer is restarted
-        (a new attempt, its uploads discarded, one more timeout). Otherwise it changes
-        nothing.
+        ``max_clients`` uploads, or when the deadline passed with at least
+        ``min_clients``; a due round with fewer is restarted (a new attempt, its uploads
+        discarded, one more timeout). Otherwise nothing changes.
         """
+        task, uploads = opened.task, opened.uploads
+        if task.status != "running":
+            return None
         now = self.clock()
-
-        def restart(task: TaskRow, state: TaskState) -> TaskUpdate:
-            state.restart_round()
-            deadline = now + state.config.round_timeout_seconds
-            return TaskUpdate(task.status, task.round, _dump(state), deadline, restart=True)
-
-        def change(task: TaskRow, uploads: list[UpdateRow]) -> TaskChange:
-            if task.status != "running":
+        state = _state(task)
+        config = state.config
+        full = len(uploads) >= _capacity(config)
+        due = task.deadline <= now
+        if not (force or due or (when_full and full)):
+            return None
+        if len(uploads) < config.min_clients:
+            if force or not due:
                 return None
-            state = _state(task)
-            config = state.config
-            full = len(uploads) >= (config.max_clients or math.ceil(config.clients_per_round))
-            due = task.deadline <= now
-            if not (force or due or (when_full and full)):
-                return None
-            if len(uploads) < config.min_clients:
-                if force or not due:
-                    return None
-                obs.FEDERATED_RESTARTS.inc()
-                return restart(task, state)
-            updates = np.stack([np.frombuffer(u.vector, dtype="<f8") for u in uploads])
-            unclipped = np.array([u.unclipped for u in uploads])
-            weights = np.array([u.num_examples for u in uploads], dtype=np.float64)
-            try:
-                state.close_round(updates, unclipped, weights, None, _evaluator(task, config))
-            except BudgetExhaustedError:
-                obs.log(logger, logging.WARNING, "federated task out of budget", task=task.name)
-                return TaskUpdate("budget_exhausted", task.round, task.state, task.deadline)
-            except (ArithmeticError, ValueError) as error:
-                obs.log(
-                    logger, logging.ERROR, "federated round failed; restarted",
-                    task=task.name, round=task.round, error=str(error),
-                )  # fmt: skip
-                obs.FEDERATED_FAILED_ROUNDS.inc()
-                return restart(task, _state(task))  # the state as stored, untouched
-            obs.FEDERATED_ROUNDS.inc()
-            return TaskUpdate(
-                _status_after(state),
-                state.round,
-                _dump(state),
-                now + config.round_timeout_seconds,
+            return _Closing(_restart(task, state, now), "restarted")
+        updates = np.stack([np.frombuffer(u.vector, dtype="<f8") for u in uploads])
+        unclipped = np.array([u.unclipped for u in uploads])
+        weights = np.array([u.num_examples for u in uploads], dtype=np.float64)
+        try:
+            state.close_round(updates, unclipped, weights, None, _evaluator(task, config))
+        except BudgetExhaustedError:
+            exhausted = TaskUpdate(
+                "budget_exhausted", task.round, task.attempt, task.state, task.deadline
             )
-
-        return change
+            return _Closing(exhausted, "exhausted")
+        except (ArithmeticError, ValueError) as error:  # the state as stored, untouched
+            return _Closing(_restart(task, _state(task), now), "failed", str(error))
+        change = TaskUpdate(
+            _status_after(state),
+            state.round,
+            state.attempt,
+            _dump(state),
+            now + config.round_timeout_seconds,
+        )
+        return _Closing(change, "closed")
 
     # --- helpers -------------------------------------------------------------------------
 
     def _task(self, name: str) -> TaskRow:
-        row = self.storage.task(name)
+        row = self.repository.task(name)
         if row is None:
             raise _unknown(name)
         if row.status == "running" and row.deadline <= self.clock():
@@ -338,6 +399,47 @@ class Federated:
             evaluation=history[-1].evaluation if history and history[-1].evaluation else None,
             config=state.config,
         )
+
+
+def _capacity(config: TaskConfig) -> int:
+    """The uploads a round takes: ``max_clients``, by default ``ceil(clients_per_round)``."""
+    return config.max_clients or math.ceil(config.clients_per_round)
+
+
+def _admit(task: TaskRow, state: TaskState, upload: UpdateUpload, raw: bytes) -> None:
+    """Refuse an upload the task as read does not take: finished, another round or
+    attempt, or a vector or unclipped bit out of bounds."""
+    if task.status != "running":
+        raise _finished(task)
+    if (upload.round, upload.attempt) != (task.round, task.attempt):
+        field, expected, detail = (
+            ("round", task.round, f"round {task.round} is open")
+            if upload.round != task.round
+            else ("attempt", task.attempt, f"attempt {task.attempt} is open (restarted)")
+        )
+        raise StaleRoundError(
+            f"the upload is for round {upload.round}, attempt {upload.attempt}; {detail}",
+            [{"field": field, "message": f"expected {expected}"}],
+        )
+    _check_vector(state, raw)
+    _check_unclipped(state, upload.unclipped)
+
+
+def _fills(task: TaskRow, state: TaskState, stored: StoredUpload) -> bool:
+    """Whether the upload just answered (added, or a duplicate) leaves the task's open
+    round full: then it closes the round, in case the upload that filled it could not."""
+    return (
+        task.status == "running"
+        and stored.round == task.round
+        and stored.count >= _capacity(state.config)
+    )
+
+
+def _restart(task: TaskRow, state: TaskState, now: float) -> TaskUpdate:
+    """The round drawn again: a new attempt, one more timeout (its uploads are deleted)."""
+    state.restart_round()
+    deadline = now + state.config.round_timeout_seconds
+    return TaskUpdate(task.status, task.round, state.attempt, _dump(state), deadline)
 
 
 def _state(row: TaskRow) -> TaskState:
@@ -415,20 +517,18 @@ def _check_unclipped(state: TaskState, unclipped: float) -> None:
         )
 
 
-def _unknown(name: str) -> FederatedError:
-    return FederatedError(404, "unknown-task", "Unknown task", f"no federated task {name!r}")
+def _unknown(name: str) -> UnknownTaskError:
+    return UnknownTaskError(f"no federated task {name!r}")
 
 
-def _finished(row: TaskRow) -> FederatedError:
+def _finished(row: TaskRow) -> TaskFinishedError:
     reason = {
         "completed": "it has run all of its planned rounds",
         "budget_exhausted": "another round would exceed its privacy budget",
     }.get(row.status, row.status)
-    return FederatedError(409, "task-finished", "Task finished", f"task {row.name!r}: {reason}")
+    return TaskFinishedError(f"task {row.name!r}: {reason}")
 
 
-def _bad_update(field: str, message: str) -> FederatedError:
+def _bad_update(field: str, message: str) -> InvalidUpdateError:
     obs.FEDERATED_UPDATES.labels("rejected").inc()
-    return FederatedError(
-        422, "invalid-update", "Invalid update", message, [{"field": field, "message": message}]
-    )
+    return InvalidUpdateError(message, [{"field": field, "message": message}])

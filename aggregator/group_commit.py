@@ -22,7 +22,8 @@ from typing import Any
 
 @dataclass(eq=False)
 class Submission:
-    """One batch: its distinct report ids and the fold of its new reports (``Storage.ingest``)."""
+    """One batch: its distinct report ids and the fold of its new reports
+    (``ReportsRepository.ingest``)."""
 
     ids: Sequence[bytes]
     fold: Callable[[list[bool]], list[Any]]

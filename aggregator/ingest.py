@@ -4,21 +4,22 @@ The wire batch is ``{"reports": [{"report_id", "metric", "version", "payload", "
 (``report_id`` a UUID, ``time`` an optional ISO-8601 UTC hour). ``prepare`` checks
 everything that can be checked without the database: the envelope (pydantic), the
 metric version, the time bucket and every payload (the mechanism's own
-``from_payloads``), and groups the reports by metric version. It raises ``BatchRejected`` listing what was wrong, by report index and field,
-before anything is written. ``fold`` then turns the reports whose ids turned out new
-into ``PartialRow``s: one per (metric, version, time bucket), inside the transaction
-that records the ids.
+``from_payloads``), and groups the reports by metric version. It raises
+``InvalidBatchError`` listing what was wrong, by report index and field, before anything
+is written. ``fold`` then turns the reports whose ids turned out new into
+``PartialRow``s: one per (metric, version, time bucket), inside the transaction that
+records the ids.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from aggregator.storage import PartialRow
+from aggregator.repositories.reports import PartialRow
 from shared.mechanisms import Mechanism
 from shared.schemas import Report, ReportBatch
 
@@ -26,20 +27,42 @@ from shared.schemas import Report, ReportBatch
 FUTURE_TOLERANCE = timedelta(hours=1)
 
 
-@dataclass
 class BatchRejected(Exception):
-    """A batch that cannot be stored, with every problem found (report index, field, why)."""
+    """A batch that cannot be stored, with every problem found (report index, field, why).
 
-    title: str
-    problems: list[dict[str, Any]]
-    status: int = 422
-    reason: str = "invalid"
+    The message is the kind's ``summary`` and the first five problems.
+    """
 
-    def __str__(self) -> str:
-        return f"{self.title}: " + "; ".join(
-            f"report {p['report']}: {p['message']}" if p.get("report") is not None else p["message"]
-            for p in self.problems[:5]
+    #: What is wrong with the batch, in a few words.
+    summary: ClassVar[str]
+    #: The label of such refusals in the service's counters.
+    reason: ClassVar[str]
+
+    def __init__(self, problems: list[dict[str, Any]]) -> None:
+        self.problems = problems
+        super().__init__(
+            f"{self.summary}: "
+            + "; ".join(
+                f"report {p['report']}: {p['message']}"
+                if p.get("report") is not None
+                else p["message"]
+                for p in problems[:5]
+            )
         )
+
+
+class InvalidBatchError(BatchRejected):
+    """Reports of the batch are invalid (their metric, version, time or payload)."""
+
+    summary = "The batch has invalid reports; none was stored"
+    reason = "invalid"
+
+
+class BatchTooLargeError(BatchRejected):
+    """The batch holds more reports than the service takes in one."""
+
+    summary = "Batch too large"
+    reason = "too_large"
 
 
 @dataclass
@@ -134,7 +157,7 @@ def prepare(
         )
     if problems:
         problems.sort(key=lambda p: p["report"])
-        raise BatchRejected("The batch has invalid reports; none was stored", problems)
+        raise InvalidBatchError(problems)
     return prepared, len(reports) - len(ids)
 
 

@@ -1,7 +1,9 @@
 """The aggregator's operations, independent of HTTP: define metrics, ingest, estimate, compact.
 
-Routes (``aggregator/routes/``) validate and delegate here; the math is the mechanisms'
-(``shared/mechanisms``); the state is ``Storage``'s. One ``Aggregator`` per process.
+Routes (``aggregator/routes/``) validate and delegate here, and the exceptions raised
+here are plain domain errors (``aggregator/errors.py`` answers them); the math is the
+mechanisms' (``shared/mechanisms``); the state is ``Storage``'s (its metrics and reports
+repositories). One ``Aggregator`` per process.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from datetime import datetime, timedelta
 from aggregator import observability as obs
 from aggregator.catalog import Catalog
 from aggregator.estimates import EstimateWindow, ReleasedBuckets, build_estimate
-from aggregator.ingest import BatchRejected, prepare, utc_now
+from aggregator.ingest import BatchTooLargeError, prepare, utc_now
 from aggregator.registry import check_metric_name
 from aggregator.settings import Settings
 from aggregator.storage import Storage
@@ -111,10 +113,10 @@ class Aggregator:
                 self.define(name, definition)
 
     def ingest(self, batch: ReportBatch, now: datetime | None = None) -> IngestResult:
-        """Validate, then store every report of ``batch`` or none (``BatchRejected``)."""
+        """Validate, then store every report of ``batch`` or none: ``BatchTooLargeError``
+        past ``max_batch_reports``, ``InvalidBatchError`` naming every invalid report."""
         if len(batch.reports) > self.settings.max_batch_reports:
-            raise BatchRejected(
-                "Batch too large",
+            raise BatchTooLargeError(
                 [
                     {
                         "report": None,
@@ -122,9 +124,7 @@ class Aggregator:
                         "message": f"{len(batch.reports)} reports; at most "
                         f"{self.settings.max_batch_reports} per batch",
                     }
-                ],
-                status=413,
-                reason="too_large",
+                ]
             )
         now = now or utc_now()
         oldest = now - timedelta(hours=self.settings.dedupe_retention_hours)

@@ -91,6 +91,14 @@ SPECS: dict[str, dict[str, Any]] = {
     "oue": {"mechanism": "oue", "epsilon": 1.0, "domain_size": 10},  # 2 bytes, 6 padding bits
     "sue": {"mechanism": "sue", "epsilon": 1.0, "domain_size": 16},  # 2 bytes, no padding
     "duchi": {"mechanism": "duchi", "epsilon": 1.0, "lower": 0.0, "upper": 1.0},
+    "lgrr": {"mechanism": "lgrr", "epsilon": 2.0, "epsilon_report": 1.0, "domain_size": 5},
+    # The unary chains: 2 bytes, 6 padding bits.
+    "lsue": {"mechanism": "lsue", "epsilon": 2.0, "epsilon_report": 1.0, "domain_size": 10},
+    "loue": {"mechanism": "loue", "epsilon": 2.0, "epsilon_report": 1.0, "domain_size": 10},
+    "losue": {"mechanism": "losue", "epsilon": 2.0, "epsilon_report": 1.0, "domain_size": 10},
+    # Two distinct sorted buckets of 0..9, two bits (one byte, 6 padding bits).
+    "dbitflip": {"mechanism": "dbitflip", "epsilon": 1.0, "domain_size": 10, "bits_per_device": 2},
+    "onebitmean": {"mechanism": "onebitmean", "epsilon": 1.0, "lower": 0.0, "upper": 1.0},
     "rappor": {
         "mechanism": "rappor",
         "num_bits": 12,  # 2 bytes, the 4 high bits of byte 1 are padding (little-endian)
@@ -139,6 +147,48 @@ RANGE_CASES: list[tuple[str, list[dict[str, Any]], list[tuple[dict[str, Any], st
         "sue",
         [{"bits": b64(b"\xff\xff")}],
         [({"bits": b64(b"\xff")}, r"report 0: 'bits' holds 1 bytes, expected 2")],
+    ),
+    (
+        "lgrr",
+        [{"value": 0}, {"value": 4}],
+        [({"value": 5}, r"position 0 .*0\.\.4"), ({"value": -1}, r"position 0 .*0\.\.4")],
+    ),
+    *(
+        (
+            name,
+            [{"bits": b64(b"\x00\x00")}, {"bits": b64(b"\xff\xc0")}],
+            [
+                ({"bits": b64(b"\xff\xe0")}, r"0 sets padding bits past bit 9"),
+                ({"bits": b64(b"\x00")}, r"report 0: 'bits' holds 1 bytes, expected 2"),
+            ],
+        )
+        for name in ("lsue", "loue", "losue")
+    ),
+    (
+        "dbitflip",
+        [
+            {"buckets": b64(np.array([0, 1], "<u4").tobytes()), "bits": b64(b"\x00")},
+            {"buckets": b64(np.array([8, 9], "<u4").tobytes()), "bits": b64(b"\xc0")},
+        ],
+        [
+            (
+                {"buckets": b64(np.array([0, 10], "<u4").tobytes()), "bits": b64(b"\x00")},
+                r"report 0: bucket 10 is outside 0\.\.9",
+            ),
+            (
+                {"buckets": b64(np.array([3, 3], "<u4").tobytes()), "bits": b64(b"\x00")},
+                r"report 0: buckets \[3, 3\] are not strictly increasing",
+            ),
+            (
+                {"buckets": b64(np.array([1, 3], "<u4").tobytes()), "bits": b64(b"\xe0")},
+                r"report 0 sets padding bits past bit 1",
+            ),
+        ],
+    ),
+    (
+        "onebitmean",
+        [{"value": 0}, {"value": 1}],
+        [({"value": 2}, r"report 0: the bit must be 0 or 1"), ({"value": -1}, r"0 or 1")],
     ),
     (
         "duchi",

@@ -32,6 +32,9 @@ KEYS = {
     "device": "fl-test-device-key-0123456789",
 }
 PROBLEM = "application/problem+json"
+#: Seconds a real server may take to create a task: calibrating its noise runs the PLD
+#: accountant many times, which takes seconds on a loaded machine.
+CALIBRATION_TIMEOUT = 120.0
 MODEL = {"kind": "logistic", "num_features": 4, "num_classes": 3}
 NUM_PARAMS = (4 + 1) * 3
 
@@ -424,7 +427,10 @@ def test_task_survives_a_restart(tmp_path: Path, start_server: Callable[..., Any
     server = start_server(database)
     body = task_body("shared", clients_per_round=3)
     created = httpx.post(
-        f"{server.url}/v1/federated/tasks", json=body, headers=server.headers("admin")
+        f"{server.url}/v1/federated/tasks",
+        json=body,
+        headers=server.headers("admin"),
+        timeout=CALIBRATION_TIMEOUT,
     )
     assert created.status_code == 201, created.text
     with httpx.Client(timeout=30) as client:
@@ -458,7 +464,10 @@ def test_two_processes_on_postgresql_close_each_round_once(
     body = task_body("shared", clients_per_round=8, rounds=5, population=200)
     assert (
         httpx.post(
-            f"{first.url}/v1/federated/tasks", json=body, headers=first.headers("admin")
+            f"{first.url}/v1/federated/tasks",
+            json=body,
+            headers=first.headers("admin"),
+            timeout=CALIBRATION_TIMEOUT,
         ).status_code
         == 201
     )
@@ -474,7 +483,7 @@ def test_two_processes_on_postgresql_close_each_round_once(
                 status = _http_upload(server, current, client)
                 if status == 200:
                     return current
-                assert status == 409  # the round closed between the two requests: try again
+                assert status == 409  # the round closed (or filled) since it was read: again
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(send, range(40)))

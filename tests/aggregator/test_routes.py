@@ -2,7 +2,8 @@
 
 Checks what the split into ``aggregator/routes/`` must keep: the 405 ``Allow`` header and
 the request counter see the routes of included routers; each domain error leaves as its
-problem document (status, type, title, located field); the table resolves subclasses.
+problem document (status, type, title, located field); the table resolves subclasses,
+and gives each kind of refused batch or federated request the answer it always had.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ import pytest
 from fastapi.testclient import TestClient
 from httpx import Response
 
+from aggregator import federated as fl
 from aggregator.app import create_app
 from aggregator.auth import ENVIRONMENT_LABELS, bootstrap_keys
 from aggregator.errors import PROBLEMS, problem_of
+from aggregator.ingest import BatchRejected, BatchTooLargeError, InvalidBatchError
 from aggregator.service import InvalidMetricError, UnknownMetricError
 from aggregator.settings import Settings
 
@@ -122,3 +125,41 @@ def test_problem_table_resolves_subclasses_by_their_nearest_entry() -> None:
     assert ValueError not in PROBLEMS and LookupError not in PROBLEMS
     with pytest.raises(LookupError, match="ValueError"):
         problem_of(ValueError("not a domain error"))
+
+
+#: Each kind of refused batch or federated request: its status, problem type and title.
+REFUSALS: list[tuple[type[Exception], int, str, str]] = [
+    (InvalidBatchError, 422, "invalid-batch", "The batch has invalid reports; none was stored"),
+    (BatchTooLargeError, 413, "too-large", "Batch too large"),
+    (fl.UnknownTaskError, 404, "unknown-task", "Unknown task"),
+    (fl.InvalidTaskError, 422, "invalid-task", "Invalid task"),
+    (fl.TaskExistsError, 409, "task-exists", "Task exists"),
+    (fl.TaskFinishedError, 409, "task-finished", "Task finished"),
+    (fl.StaleRoundError, 409, "stale-round", "Not the open round"),
+    (fl.NotEnoughUpdatesError, 409, "not-enough-updates", "Not enough updates"),
+    (fl.InvalidUpdateError, 422, "invalid-update", "Invalid update"),
+]
+
+
+@pytest.mark.parametrize(("kind", "status", "problem_type", "title"), REFUSALS)
+def test_refusals_carry_no_status_and_map_to_their_problem(
+    kind: type[Exception], status: int, problem_type: str, title: str
+) -> None:
+    located: list[dict[str, Any]] = [{"field": "round", "message": "expected 2"}]
+    if issubclass(kind, BatchRejected):
+        located = [{"report": 3, "field": "payload", "message": "bad bits"}]
+        error: Exception = kind(located)
+        detail = f"{title}: report 3: bad bits"
+    else:
+        error = kind("why it was refused", located)
+        detail = "why it was refused"
+    assert not hasattr(error, "status") and not hasattr(error, "title")
+    found = problem_of(error)
+    assert (found.status, found.kind, found.title) == (status, problem_type, title)
+    assert (found.detail, found.errors) == (detail, located)
+
+
+def test_every_refusal_kind_is_in_the_table() -> None:
+    kinds = {kind for kind, *_ in REFUSALS}
+    for base in (BatchRejected, fl.FederatedError):
+        assert set(base.__subclasses__()) <= kinds and base not in PROBLEMS

@@ -16,14 +16,10 @@ import numpy as np
 import pytest
 from sqlalchemy import inspect, update
 
-from aggregator.storage import (
-    METRICS_CHANGE,
-    SCHEMA_VERSION,
-    PartialRow,
-    SchemaMismatchError,
-    Storage,
-    schema_info,
-)
+from aggregator.repositories.database import SchemaMismatchError
+from aggregator.repositories.reports import PartialRow
+from aggregator.repositories.schema import METRICS_CHANGE, SCHEMA_VERSION, schema_info
+from aggregator.storage import Storage
 from shared.schemas import MechanismSpec, MetricDefinition
 from shared.statistics import CountStatistics
 
@@ -101,8 +97,9 @@ def test_schema_is_created_with_its_version(storage: Storage, database_url: str)
     assert {"schema_info", "metric_versions", "api_keys", "report_ids", "partial_stats"} <= tables
     with storage.engine.connect() as conn:
         rows = conn.execute(schema_info.select()).all()
-    assert dict(rows)["schema_version"] == str(SCHEMA_VERSION)
-    assert {row.key for row in rows} == {"schema_version", METRICS_CHANGE}
+    values = {row.key: row.value for row in rows}
+    assert values["schema_version"] == str(SCHEMA_VERSION)
+    assert set(values) == {"schema_version", METRICS_CHANGE}
     storage.ping()
     # Opening the same database again finds the schema and changes nothing.
     again = Storage(database_url)
@@ -399,7 +396,7 @@ def test_two_storages_on_one_sqlite_file_take_turns_and_count_each_id_once(
     path = str(tmp_path / "shared.sqlite3")
     first, second = Storage(path), Storage(path)
     try:
-        lock = first._writers_lock
+        lock = first.database._writers_lock
         assert lock is not None
         finished = threading.Event()
 

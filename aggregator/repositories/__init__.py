@@ -1,0 +1,14 @@
+"""The aggregator's repositories: each table group behind one class, over one ``Database``.
+
+| module | repository | tables |
+|---|---|---|
+| ``metrics`` | ``MetricsRepository`` | ``metric_versions`` (and the change token) |
+| ``keys`` | ``KeysRepository`` | ``api_keys`` |
+| ``reports`` | ``ReportsRepository`` | ``report_ids``, ``partial_stats`` |
+| ``tasks`` | ``TasksRepository`` | ``federated_tasks``, ``federated_updates`` |
+
+``database`` holds the engine, the schema's creation and upgrades, and the read and
+write transactions every repository runs in; ``schema`` the tables. A repository is
+built over a ``Database`` and tested alone; ``aggregator.storage.Storage`` is all of
+them over one database, one per process.
+"""

@@ -1,0 +1,155 @@
+"""The aggregator's tables (schema version ``SCHEMA_VERSION``) and the upgrades to it.
+
+* ``schema_info``: the schema version, and the change token of the metric versions
+  (``METRICS_CHANGE``);
+* ``metric_versions``: one row per (metric, version), the definition as JSON;
+* ``api_keys``: SHA-256 hashes of bearer keys with their role (never the keys);
+* ``report_ids``: every accepted ``report_id`` (16 bytes), the primary key that makes
+  ingest idempotent;
+* ``partial_stats``: append-only sufficient statistics, one row per (metric, version,
+  time bucket) per ingested batch, until compaction merges a group's rows into one;
+* ``federated_tasks``: one row per federated learning task: its state (model, clip norm,
+  rounds and their privacy cost) as JSON, its status, its open round's number, attempt
+  and deadline (``round`` and ``attempt`` repeat the state's, so that a round's close
+  can be committed by compare-and-swap on them);
+* ``federated_updates``: every upload of each task, keyed by (task, ``update_id``) so a
+  retry is a duplicate even after its round closed; the vectors of a closed round are
+  erased, their ids kept.
+
+``UPGRADES[v]`` takes a database from version ``v`` to ``v + 1`` inside the transaction
+that starts the aggregator.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Float,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    select,
+    update,
+)
+from sqlalchemy.engine import Connection
+
+__all__ = [
+    "METRICS_CHANGE",
+    "SCHEMA_VERSION",
+    "UPGRADES",
+    "api_keys",
+    "federated_tasks",
+    "federated_updates",
+    "metadata",
+    "metric_versions",
+    "partial_stats",
+    "report_ids",
+    "schema_info",
+]
+
+SCHEMA_VERSION = 2
+#: The ``schema_info`` row whose value changes (to a new random token) with every change
+#: to ``metric_versions`` (``MetricsRepository.metrics_stamp``).
+METRICS_CHANGE = "metrics_change"
+
+metadata = MetaData()
+
+schema_info = Table(
+    "schema_info",
+    metadata,
+    Column("key", String(32), primary_key=True),
+    Column("value", String(64), nullable=False),
+)
+
+metric_versions = Table(
+    "metric_versions",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("version", Integer, primary_key=True),
+    Column("definition", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("key_id", String(32), primary_key=True),
+    Column("key_hash", String(64), nullable=False, unique=True),
+    Column("role", String(16), nullable=False),
+    Column("label", String(200), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("revoked_at", Float, nullable=True),
+)
+
+report_ids = Table(
+    "report_ids",
+    metadata,
+    Column("report_id", LargeBinary(16), primary_key=True),
+    Column("received_hour", Integer, nullable=False),
+    sqlite_with_rowid=False,
+)
+
+partial_stats = Table(
+    "partial_stats",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
+    Column("metric", String(64), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("bucket", BigInteger, nullable=False),
+    Column("n", BigInteger, nullable=False),
+    Column("stats", LargeBinary, nullable=False),
+    Index("partial_stats_group", "metric", "version", "bucket"),
+)
+
+federated_tasks = Table(
+    "federated_tasks",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("status", String(24), nullable=False),
+    Column("round", Integer, nullable=False),
+    Column("attempt", Integer, nullable=False, server_default="0"),
+    Column("state", Text, nullable=False),
+    Column("evaluation", Text, nullable=True),
+    Column("deadline", Float, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+federated_updates = Table(
+    "federated_updates",
+    metadata,
+    Column("task", String(64), primary_key=True),
+    Column("update_id", LargeBinary(16), primary_key=True),
+    Column("round", Integer, nullable=False),
+    Column("vector", LargeBinary, nullable=False),
+    Column("unclipped", Float, nullable=False),
+    Column("num_examples", Integer, nullable=False),
+    Index("federated_updates_round", "task", "round"),
+)
+
+
+def _add_task_attempts(conn: Connection) -> None:
+    """Version 1 to 2: the ``attempt`` column of ``federated_tasks``, from each task's state."""
+    conn.exec_driver_sql(
+        "ALTER TABLE federated_tasks ADD COLUMN attempt INTEGER NOT NULL DEFAULT 0"
+    )
+    rows = conn.execute(select(federated_tasks.c.name, federated_tasks.c.state)).all()
+    for name, state in rows:
+        attempt = int(json.loads(state).get("attempt", 0))
+        if attempt:
+            conn.execute(
+                update(federated_tasks)
+                .where(federated_tasks.c.name == name)
+                .values(attempt=attempt)
+            )
+
+
+#: ``UPGRADES[v]`` brings a database of schema version ``v`` to ``v + 1``.
+UPGRADES: dict[int, Callable[[Connection], None]] = {1: _add_task_attempts}
