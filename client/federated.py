@@ -82,6 +82,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+from pydantic import ConfigDict, PrivateAttr
 
 from client.federated_ledger import FederatedLedger, device_epsilon
 from client.transport import RETRYABLE_STATUS, RetryPolicy, retry_after_seconds
@@ -90,7 +91,6 @@ from shared.federated.fedavg import client_update
 from shared.federated.messages import RoundOut, UpdateUpload, decode_vector, encode_vector
 from shared.federated.models import Model, make_model
 from shared.federated.privacy import DPConfig, privatize
-from shared.federated.task import TaskConfig
 from shared.randomness import RandomSource
 
 __all__ = [
@@ -125,44 +125,31 @@ class DeviceBudgetExhaustedError(TaskFinishedError):
     """This device's uploads to the task reached its own epsilon cap: it uploads no more."""
 
 
-@dataclass(frozen=True)
-class RoundInfo:
-    """The open round of a task, as the aggregator serves it."""
+class RoundInfo(RoundOut):
+    """The open round of a task, as the aggregator serves it (``RoundOut``), with its
+    parameters decoded and checked (``vector``)."""
 
-    task: str
-    round: int
-    attempt: int
-    config: TaskConfig
-    noise_multiplier: float
-    clip_norm: float
-    sample_rate: float
-    expected_clients: float
-    parameters: np.ndarray
-    deadline: float
+    model_config = ConfigDict(frozen=True)
+
+    _vector: np.ndarray = PrivateAttr()
+
+    @property
+    def vector(self) -> np.ndarray:
+        """The global model's parameters (float64, ``num_params`` of them)."""
+        return self._vector
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RoundInfo:
         """The round a server served; FederatedError if it is malformed or its privacy
         parameters are invalid (a clip norm, multiplier or sampling rate out of range)."""
         try:
-            message = RoundOut.model_validate(data)
-            parameters = decode_vector(message.parameters)
+            info = cls.model_validate(data)
+            vector = decode_vector(info.parameters)
         except ValueError as error:  # pydantic's ValidationError is a ValueError
             raise FederatedError(f"the server's round is malformed: {error}") from None
-        if parameters.size != message.num_params:
+        if vector.size != info.num_params:
             raise FederatedError("the served parameters do not match num_params")
-        info = cls(
-            task=message.task,
-            round=message.round,
-            attempt=message.attempt,
-            config=message.config,
-            noise_multiplier=message.noise_multiplier,
-            clip_norm=message.clip_norm,
-            sample_rate=message.sample_rate,
-            expected_clients=message.expected_clients,
-            parameters=parameters,
-            deadline=message.deadline,
-        )
+        info._vector = vector
         try:
             info.dp()
         except ValueError as error:
@@ -271,10 +258,9 @@ class FederatedClient:
         if not self._sampled(info.sample_rate):
             return RoundResult(info.round, participated=False, uploaded=False, attempt=info.attempt)
         model = self.model or make_model(info.config.model)
-        if model.num_params != info.parameters.size:
+        if model.num_params != info.vector.size:
             raise FederatedError(
-                f"the model has {model.num_params} parameters; the task's has "
-                f"{info.parameters.size}"
+                f"the model has {model.num_params} parameters; the task's has {info.vector.size}"
             )
         dp = info.dp()
         if dp.mode == "local":
@@ -283,7 +269,7 @@ class FederatedClient:
         # Local SGD's batch order: from the OS when no generator is given (not secret:
         # the noise below is what protects the data, drawn from the OS CSPRNG).
         generator = self.rng or np.random.default_rng(int.from_bytes(os.urandom(16), "big"))
-        update = client_update(model, info.parameters, self._x, self._y, training, generator)
+        update = client_update(model, info.vector, self._x, self._y, training, generator)
         contribution = privatize(update, dp, info.clip_norm, self.rng)
         body = UpdateUpload(
             update_id=uuid.uuid4(),
