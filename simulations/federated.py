@@ -283,13 +283,17 @@ def run_task_over_http(
         for round_number in range(config.rounds):
             info = devices[0].fetch_round()
             uploaded = sum(device.run_round(info).uploaded for device in devices)
-            if uploaded >= config.min_clients:
+            status = http.get(f"/v1/federated/tasks/{name}", headers=analyst).json()
+            if status["round"] > info.round:
+                pass  # the round filled up (max_clients uploads) and the service closed it
+            elif uploaded >= config.min_clients:
                 closed = http.post(f"/v1/federated/tasks/{name}/close", headers=admin)
                 if closed.status_code != 200:
                     raise RuntimeError(f"closing round {round_number}: {closed.text}")
+                status = closed.json()
             else:  # too few: the service restarts the round at its deadline
                 wait_for_restart(devices[0], info)
-            status = http.get(f"/v1/federated/tasks/{name}", headers=analyst).json()
+                status = http.get(f"/v1/federated/tasks/{name}", headers=analyst).json()
             evaluation = status.get("evaluation") or {}
             run.accuracy.append(float(evaluation.get("accuracy", math.nan)))
             if status["state"] != "running":

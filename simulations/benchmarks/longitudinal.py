@@ -512,7 +512,8 @@ def checks(
         for t, rate in zip(item.periods, item.memoized, strict=True):
             if rate > item.bound + item.margin:
                 failures.append(
-                    f"{item.mechanism} memoized: {rate:.3f} of guesses right after {t} reports, "
+                    f"{item.mechanism} memoized: {rate:.3f} of guesses right after "
+                    f"{counted(t, 'report')}, "
                     f"above the bound {item.bound:.3f} + {item.margin:.3f}"
                 )
         for rates, found in ((item.stateless, failures), (item.peer, misses)):
@@ -520,7 +521,8 @@ def checks(
                 label = "stateless" if rates is item.stateless else "peer"
                 found.append(
                     f"{item.mechanism} {label}: {rates[-1]:.3f} of guesses right after "
-                    f"{item.periods[-1]} reports, not above the bound {item.bound:.3f} + "
+                    f"{counted(item.periods[-1], 'report')}, not above the bound "
+                    f"{item.bound:.3f} + "
                     f"{item.margin:.3f}: the leak did not show"
                 )
     return failures, misses

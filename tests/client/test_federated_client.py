@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,19 @@ from client.federated import TaskRefusedError
 from client.federated_ledger import device_epsilon
 from shared.accounting import gaussian_rounds_epsilon
 from shared.federated.models import LogisticRegression, accuracy
+from simulations.server import Server, start_server
 
 FEATURES, CLASSES = 5, 3
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One aggregator process for the tests that neither kill nor restart it: each creates
+    a task of its own name, so they do not see each other's rounds. (A test that kills the
+    aggregator takes the ``aggregator`` fixture: a process of its own.)"""
+    directory = tmp_path_factory.mktemp("federated-client")
+    with start_server(str(directory / "aggregator.sqlite3"), directory) as server:
+        yield server
 
 
 def blobs(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -58,23 +70,21 @@ def status(aggregator: Any, name: str) -> dict[str, Any]:
     return dict(response.json())
 
 
-def test_a_small_task_trains_over_http(aggregator: Any) -> None:
+def test_a_small_task_trains_over_http(service: Any) -> None:
     """12 devices, 6 rounds of central DP-FedAvg at epsilon 8: the model the server holds
     classifies a held-out set far better than the untrained model (all-zero weights
     predict class 0 for everything: accuracy about 1/3 on balanced blobs)."""
-    create(aggregator, "blobs")
+    create(service, "blobs")
     rng = np.random.default_rng(1)
     devices = [
-        FederatedClient(
-            aggregator.url, aggregator.keys["device"], "blobs", blobs(40, rng), rng=None
-        )
+        FederatedClient(service.url, service.keys["device"], "blobs", blobs(40, rng), rng=None)
         for _ in range(12)
     ]
     for _ in range(6):
         info = devices[0].fetch_round()
         results = [device.run_round(info) for device in devices]
         assert all(r.participated and r.uploaded for r in results)  # q = 1: everyone
-    final = status(aggregator, "blobs")
+    final = status(service, "blobs")
     assert final["state"] == "completed" and final["participants"] == [12] * 6
     assert 0 < final["epsilon_spent"] <= 8.0 + 1e-9
     test_x, test_y = blobs(600, np.random.default_rng(2))
@@ -88,41 +98,41 @@ def test_a_small_task_trains_over_http(aggregator: Any) -> None:
         device.close()
 
 
-def test_run_follows_rounds_until_the_task_finishes(aggregator: Any) -> None:
+def test_run_follows_rounds_until_the_task_finishes(service: Any) -> None:
     """One device alone with rounds of one: ``run`` takes part in each until completed."""
-    create(aggregator, "solo", rounds=3, population=1, clients_per_round=1)
+    create(service, "solo", rounds=3, population=1, clients_per_round=1)
     with FederatedClient(
-        aggregator.url, aggregator.keys["device"], "solo", blobs(30, np.random.default_rng(3))
+        service.url, service.keys["device"], "solo", blobs(30, np.random.default_rng(3))
     ) as device:
         results = device.run(poll_interval=0.05)
     assert [r.round for r in results] == [0, 1, 2]
-    assert status(aggregator, "solo")["state"] == "completed"
+    assert status(service, "solo")["state"] == "completed"
 
 
-def test_a_restarted_round_is_decided_again(aggregator: Any) -> None:
+def test_a_restarted_round_is_decided_again(service: Any) -> None:
     """q = 10^-6 (no noise: nothing to calibrate): nobody takes part, so the round is
     restarted at each deadline (0.5 s);
     a device decides once per attempt, not once per round (which would stall it)."""
     create(
-        aggregator, "sparse", mode="none", target_epsilon=None, population=10**6,
+        service, "sparse", mode="none", target_epsilon=None, population=10**6,
         clients_per_round=1, min_clients=1, round_timeout_seconds=0.5,
     )  # fmt: skip
     with FederatedClient(
-        aggregator.url, aggregator.keys["device"], "sparse", blobs(10, np.random.default_rng(3))
+        service.url, service.keys["device"], "sparse", blobs(10, np.random.default_rng(3))
     ) as device:
         results = device.run(max_rounds=3, poll_interval=0.05)
     assert [(r.round, r.attempt, r.participated) for r in results] == [
         (0, 0, False), (0, 1, False), (0, 2, False),
     ]  # fmt: skip
-    assert status(aggregator, "sparse")["attempt"] >= 2
+    assert status(service, "sparse")["attempt"] >= 2
 
 
-def test_device_refuses_a_task_beyond_its_epsilon(aggregator: Any) -> None:
+def test_device_refuses_a_task_beyond_its_epsilon(service: Any) -> None:
     """Central mode: refused under a cap unless the device trusts the server's noise; and
     then refused still, as the plan the server serves costs epsilon 8 > 2."""
-    create(aggregator, "greedy", target_epsilon=8.0)
+    create(service, "greedy", target_epsilon=8.0)
     data = blobs(10, np.random.default_rng(4))
-    url, key = aggregator.url, aggregator.keys["device"]
+    url, key = service.url, service.keys["device"]
     with FederatedClient(url, key, "greedy", data, max_epsilon=2.0) as device:
         with pytest.raises(TaskRefusedError, match="cannot verify.*at most 2"):
             device.run_round()
@@ -131,25 +141,25 @@ def test_device_refuses_a_task_beyond_its_epsilon(aggregator: Any) -> None:
     ) as device:
         with pytest.raises(TaskRefusedError, match="costs epsilon 8.*at most 2"):
             device.run_round()
-    assert status(aggregator, "greedy")["updates_received"] == 0
+    assert status(service, "greedy")["updates_received"] == 0
 
 
 def test_a_local_task_is_charged_on_the_device_as_on_the_server(
-    aggregator: Any, tmp_path: Path
+    service: Any, tmp_path: Path
 ) -> None:
     """Local mode at epsilon 3 over 2 rounds, one device with a cap of 3: both rounds
     are uploaded, and the device's own ledger (durable in ``state_dir``) holds the same
     epsilon as the server's accountant (both PLD at the federated grid)."""
     create(
-        aggregator, "local", mode="local", target_epsilon=3.0, rounds=2, population=1,
+        service, "local", mode="local", target_epsilon=3.0, rounds=2, population=1,
         clients_per_round=1,
     )  # fmt: skip
     data = blobs(20, np.random.default_rng(6))
-    url, key = aggregator.url, aggregator.keys["device"]
+    url, key = service.url, service.keys["device"]
     with FederatedClient(url, key, "local", data, max_epsilon=3.0, state_dir=tmp_path) as device:
         assert [r.uploaded for r in device.run(poll_interval=0.05)] == [True, True]
         spent = device.epsilon_spent()
-    server = status(aggregator, "local")
+    server = status(service, "local")
     assert server["state"] == "completed"
     assert 0 < spent <= 3.0
     assert spent == pytest.approx(server["epsilon_spent"], rel=1e-9)
@@ -178,14 +188,14 @@ def test_an_upload_is_charged_before_it_is_sent(aggregator: Any, tmp_path: Path)
         )
 
 
-def test_a_damaged_ledger_fails_closed(aggregator: Any, tmp_path: Path) -> None:
+def test_a_damaged_ledger_fails_closed(service: Any, tmp_path: Path) -> None:
     """A ledger edited to forget its uploads does not match its checksum: no upload."""
     create(
-        aggregator, "damaged", mode="local", target_epsilon=3.0, rounds=3, population=1,
+        service, "damaged", mode="local", target_epsilon=3.0, rounds=3, population=1,
         clients_per_round=1,
     )  # fmt: skip
     data = blobs(20, np.random.default_rng(9))
-    url, key = aggregator.url, aggregator.keys["device"]
+    url, key = service.url, service.keys["device"]
     with FederatedClient(url, key, "damaged", data, state_dir=tmp_path) as device:
         assert device.run_round().uploaded
     (ledger,) = tmp_path.glob("federated-*.json")
@@ -195,8 +205,8 @@ def test_a_damaged_ledger_fails_closed(aggregator: Any, tmp_path: Path) -> None:
     with FederatedClient(url, key, "damaged", data, state_dir=tmp_path) as device:
         with pytest.raises(LedgerCorruptError, match="altered"):
             device.run_round()
-    assert status(aggregator, "damaged")["participants"] == [1]
-    assert status(aggregator, "damaged")["updates_received"] == 0
+    assert status(service, "damaged")["participants"] == [1]
+    assert status(service, "damaged")["updates_received"] == 0
 
 
 def test_device_epsilon_is_the_tighter_bound_and_safe_for_any_multiplier() -> None:
@@ -211,7 +221,7 @@ def test_device_epsilon_is_the_tighter_bound_and_safe_for_any_multiplier() -> No
     assert device_epsilon({}, 1.0, 1e-5) == 0.0
 
 
-def test_a_model_of_ones_own_trains_through_the_same_interface(aggregator: Any) -> None:
+def test_a_model_of_ones_own_trains_through_the_same_interface(service: Any) -> None:
     """Any object with the Model interface of the task's size can be passed in."""
 
     class Wrapped:
@@ -233,15 +243,15 @@ def test_a_model_of_ones_own_trains_through_the_same_interface(aggregator: Any) 
         def predict(self, params: np.ndarray, x: np.ndarray) -> np.ndarray:
             return self.inner.predict(params, x)
 
-    create(aggregator, "own", rounds=1, population=1, clients_per_round=1)
+    create(service, "own", rounds=1, population=1, clients_per_round=1)
     model = Wrapped()
     with FederatedClient(
-        aggregator.url,
-        aggregator.keys["device"],
+        service.url,
+        service.keys["device"],
         "own",
         blobs(16, np.random.default_rng(5)),
         model=model,
     ) as device:
         assert device.run_round().uploaded
     assert model.calls > 0
-    assert status(aggregator, "own")["participants"] == [1]
+    assert status(service, "own")["participants"] == [1]

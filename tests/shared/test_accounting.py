@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 
 import shared.accounting as accounting
 from shared.accounting import (
+    DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
     MAX_CALIBRATION_EVALUATIONS,
     MAX_PLD_POINTS,
     AccountingMethod,
@@ -60,6 +62,17 @@ def test_reference_calibration_pld() -> None:
         3.0, 0.01, 1000, DELTA, method="pld", value_discretization_interval=FAST_PLD
     )
     assert abs(z - 0.814) < 2e-3  # measured 0.81363 (0.81359 with the default grid)
+
+
+def test_default_pld_grid_is_the_dp_accounting_default() -> None:
+    """As documented: the PLD interval is dp-accounting's own unless a caller asks for
+    another."""
+    from dp_accounting import pld
+
+    parameters = inspect.signature(pld.PLDAccountant).parameters
+    assert DEFAULT_VALUE_DISCRETIZATION_INTERVAL == (
+        parameters["value_discretization_interval"].default
+    )
 
 
 def test_default_method_is_pld() -> None:

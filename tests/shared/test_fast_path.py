@@ -183,7 +183,10 @@ def test_numeric_paths_have_the_same_mean_and_variance(name: str, epsilon: float
         assert stats.n == values.size
         return stats.total, stats.total_squares
 
-    exact = np.array([pair(mech.aggregate(mech.encode(values, rng))) for _ in range(reps)])
+    # The R populations' users in one encode call (every user is independent), then the
+    # statistics of each population from its own reports.
+    reports = np.split(mech.encode(np.tile(values, reps), rng), reps)
+    exact = np.array([pair(mech.aggregate(population)) for population in reports])
     fast = np.array(
         [pair(mech.simulate_statistics(LEVELS, LEVEL_COUNTS, rng)) for _ in range(reps)]
     )

@@ -6,7 +6,9 @@ hypothesis it checks (about 1e-6 unless said otherwise).
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -14,7 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+from shared import accounting
 from shared.accounting import (
+    AccountingMethod,
     GaussianRoundsAccountant,
     calibrate_noise_multiplier,
     gaussian_epsilon,
@@ -54,6 +58,21 @@ from shared.federated.task import (
 )
 
 ALPHA = 1e-6  # false-failure rate of each goodness-of-fit test below
+
+
+@pytest.fixture(scope="module", autouse=True)
+def calibrate_each_task_once() -> Iterator[None]:
+    """Calibration is a pure function of (target, q, T, delta, method, interval), and the
+    tasks below calibrate the same one many times (seconds each at q = 0.1): the module
+    keeps each result. Every distinct task is still calibrated, once, by the real search;
+    the tests that check the search itself call ``calibrate_noise_multiplier`` directly."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            accounting,
+            "calibrate_noise_multiplier",
+            functools.cache(accounting.calibrate_noise_multiplier),
+        )
+        yield
 
 
 def blobs(n: int, features: int, classes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -325,7 +344,8 @@ def test_adaptive_step_is_clamped_and_finite(clip: float, fraction: float, rate:
     ratio = new / clip
     step = math.exp(MAX_CLIP_LOG_STEP)
     assert 1 / step * (1 - 1e-12) <= ratio <= step * (1 + 1e-12) or new in (
-        MIN_CLIP_NORM, MAX_CLIP_NORM
+        MIN_CLIP_NORM,
+        MAX_CLIP_NORM,
     )
 
 
@@ -347,9 +367,7 @@ def test_central_mode_clips_hostile_unclipped_bits(hostile: float) -> None:
     outcome = aggregation.aggregate(updates, np.array([hostile, 1.0, 1.0]), np.ones(3), 1.0)
     clipped = min(max(hostile, 0.0), 1.0)
     assert outcome.unclipped_fraction == pytest.approx((clipped + 2.0) / 3.0)
-    assert outcome.clip_norm == pytest.approx(
-        adaptive.next_clip_norm(1.0, (clipped + 2.0) / 3.0)
-    )
+    assert outcome.clip_norm == pytest.approx(adaptive.next_clip_norm(1.0, (clipped + 2.0) / 3.0))
 
 
 def test_distributed_unclipped_range_holds_honest_bits_and_bounds_hostile_ones() -> None:
@@ -364,9 +382,7 @@ def test_distributed_unclipped_range_holds_honest_bits_and_bounds_hostile_ones()
     t = UNCLIPPED_TAIL_ALLOWANCE
     assert (low, high) == pytest.approx((-t * s, 1 + t * s))
     rng = np.random.default_rng(31)
-    bits = np.array(
-        [privatize(np.zeros(2), config, 1.0, rng).unclipped for _ in range(20_000)]
-    )
+    bits = np.array([privatize(np.zeros(2), config, 1.0, rng).unclipped for _ in range(20_000)])
     assert np.all((low <= bits) & (bits <= high))
     assert abs(np.std(bits) - s) < 0.05 * s  # the share is there (a 7-sigma margin)
     free = DPConfig("distributed", 1.0, 0.0, expected_clients=100, adaptive=adaptive)
@@ -389,23 +405,26 @@ def test_adaptive_clipping_needs_room_in_the_noise_split() -> None:
 
 
 @pytest.mark.parametrize("method", ["rdp", "pld"])
-def test_rounds_accountant_matches_dp_accounting_directly(method: str) -> None:
+def test_rounds_accountant_matches_dp_accounting_directly(method: AccountingMethod) -> None:
     import dp_accounting
     from dp_accounting import pld, rdp
 
     rounds = {1.1: 300, 0.9: 200, 1.7: 50}
+    interval = FEDERATED_DISCRETIZATION  # the PLD grid tasks are charged on
     accountant = (
         rdp.RdpAccountant()
         if method == "rdp"
-        else pld.PLDAccountant(value_discretization_interval=1e-4)
+        else pld.PLDAccountant(value_discretization_interval=interval)
     )
     for z, count in rounds.items():
         event = dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(z))
         accountant.compose(dp_accounting.SelfComposedDpEvent(event, count))
     expected = accountant.get_epsilon(1e-5)
-    ours = gaussian_rounds_epsilon(rounds, 0.01, 1e-5, method)  # type: ignore[arg-type]
+    ours = gaussian_rounds_epsilon(
+        rounds, 0.01, 1e-5, method, value_discretization_interval=interval
+    )
     assert math.isclose(ours, expected, rel_tol=1e-9)
-    running = GaussianRoundsAccountant(0.01, 1e-5, method)  # type: ignore[arg-type]
+    running = GaussianRoundsAccountant(0.01, 1e-5, method, value_discretization_interval=interval)
     for z, count in rounds.items():
         for _ in range(count):
             running.record(z)
@@ -448,7 +467,7 @@ def _task(**overrides: object) -> TaskConfig:
     values: dict[str, object] = {
         "model": ModelSpec(kind="logistic", num_features=4, num_classes=3),
         "mode": "central",
-        "rounds": 20,
+        "rounds": 10,
         "population": 200,
         "clients_per_round": 20,
         "target_epsilon": 2.0,
@@ -466,7 +485,7 @@ def _round(state: TaskState, m: int, rng: np.random.Generator) -> None:
 def test_task_spends_its_target_and_refuses_one_round_more() -> None:
     state = TaskState.start(_task())
     rng = np.random.default_rng(13)
-    for _ in range(20):
+    for _ in range(state.config.rounds):
         _round(state, 20, rng)
     assert state.epsilon() <= 2.0 + 1e-9
     assert state.epsilon() > 1.9  # calibrated: the target is nearly used up
@@ -507,7 +526,7 @@ def test_distributed_calibration_covers_rounds_with_fewest_clients() -> None:
     central = TaskState.start(_task()).noise_multiplier
     assert math.isclose(state.noise_multiplier, central * math.sqrt(2.0))
     rng = np.random.default_rng(15)
-    for _ in range(20):
+    for _ in range(config.rounds):
         _round(state, 10, rng)  # every round at the fewest clients allowed
     assert state.epsilon() <= 2.0 + 1e-9
 
@@ -530,15 +549,15 @@ def test_adaptive_task_with_too_little_count_noise_names_the_fields() -> None:
     with pytest.raises(ValueError, match=r"clients_per_round / 20.*noise_multiplier.*at least"):
         _task(target_epsilon=None, noise_multiplier=2.0, adaptive_clipping={})
     _task(target_epsilon=None, noise_multiplier=2.0, adaptive_clipping={"count_noise": 1.5})
-    small = _task(clients_per_round=3, rounds=4, target_epsilon=4.0, adaptive_clipping={})
+    small = _task(  # q = 1: calibrated in a fraction of the time a sampled task takes
+        population=3, clients_per_round=3, rounds=4, target_epsilon=4.0, adaptive_clipping={}
+    )
     with pytest.raises(ValueError, match=r"calibrated for target_epsilon=4.*count_noise"):
         TaskState.start(small)
 
 
 def test_a_non_finite_round_raises_and_changes_nothing() -> None:
-    state = TaskState.start(
-        _task(mode="none", target_epsilon=None, server_learning_rate=1e300)
-    )
+    state = TaskState.start(_task(mode="none", target_epsilon=None, server_learning_rate=1e300))
     params = state.server.params.copy()
     updates = np.full((2, state.num_params), 1e10)
     with pytest.raises(ArithmeticError, match="non-finite"):
@@ -620,7 +639,7 @@ def test_distributed_rounds_are_charged_on_a_conservative_grid() -> None:
     config = _task(mode="distributed", population=2000, clients_per_round=200, min_clients=150)
     state = TaskState.start(config)
     rng = np.random.default_rng(18)
-    sizes = rng.integers(150, 260, 15)
+    sizes = rng.integers(150, 260, 8)  # 8 rounds of 8 sizes, on 5 grid points
     for m in sizes:
         _round(state, int(m), rng)
     charged = state.accountant_rounds

@@ -3,17 +3,35 @@
 from __future__ import annotations
 
 import csv
+import functools
 import math
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from shared import accounting
+from simulations.cli import main
 from simulations.federated import load_dataset, run_task, task_config
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def calibrate_each_task_once() -> Iterator[None]:
+    """Calibration is a pure function of (target, q, T, delta, method, interval), and the
+    in-process runs below calibrate the same central task (epsilon 8, q = 0.2, 3 rounds)
+    five times, seconds each: the module keeps each result, computed once for real."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            accounting,
+            "calibrate_noise_multiplier",
+            functools.cache(accounting.calibrate_noise_multiplier),
+        )
+        yield
 
 
 def ldp_sim(*args: str) -> subprocess.CompletedProcess[str]:
@@ -42,7 +60,7 @@ def test_partitions() -> None:
 
 def test_same_seed_same_run() -> None:
     data = load_dataset("digits", 50, "iid", seed=1)
-    config = task_config(data, "central", 8.0, 4, 1e-5, "logistic", seed=1)
+    config = task_config(data, "central", 8.0, 3, 1e-5, "logistic", seed=1)
     first, second = run_task(data, config, 8.0, seed=1), run_task(data, config, 8.0, seed=1)
     assert first.accuracy == second.accuracy and first.epsilon_spent == second.epsilon_spent
     assert run_task(data, config, 8.0, seed=2).accuracy != first.accuracy
@@ -57,12 +75,14 @@ def test_non_private_fedavg_learns_digits() -> None:
 
 
 def test_cli_writes_results_rounds_and_plot(tmp_path: Path) -> None:
+    """The command's entry point in this process (``test_cli_over_http`` runs it as a
+    program), so that its runs share the module's calibrations."""
     out = tmp_path / "fl"
-    done = ldp_sim(
-        "--clients", "30", "--modes", "none,central,local", "--epsilons", "8,inf",
+    status = main([
+        "federated", "--clients", "30", "--modes", "none,central,local", "--epsilons", "8,inf",
         "--partition", "iid,label-skew", "--rounds", "3", "--out", str(out), "--quiet",
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    ])  # fmt: skip
+    assert status == 0
     with (out / "results.csv").open(newline="") as handle:
         rows = list(csv.DictReader(handle))
     for column in ("mode", "clients", "target_epsilon", "epsilon_spent", "final_accuracy"):
@@ -92,18 +112,17 @@ def test_cli_over_http(tmp_path: Path) -> None:
     assert 0.0 <= float(row["final_accuracy"]) <= 1.0
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (("--modes", "secret"), "unknown value 'secret'"),
-        (("--epsilons", "-1"), "must be a number > 0"),
-        (("--partition", "random"), "unknown value 'random'"),
-        (("--datasets", "mnist"), "unknown value 'mnist'"),
-        (("--epsilons", "50", "--modes", "central"), "epsilon"),
-        (("--clients", "0"), "must be >= 1"),
-    ],
-)
-def test_bad_arguments_are_named(args: tuple[str, ...], message: str) -> None:
-    done = ldp_sim(*args, "--rounds", "1", "--quiet")
-    assert done.returncode == 2
-    assert message in done.stderr
+def test_cli_over_http_without_noise_when_every_client_joins(tmp_path: Path) -> None:
+    """Local mode at epsilon inf: no noise, so an upload's norm bound is the clip norm itself,
+    which float clipping may pass by an ulp (the service allows rounding); and with every
+    client uploading, a round fills and the service closes it before the run asks to."""
+    out = tmp_path / "http-no-noise"
+    done = ldp_sim(
+        "--clients", "12", "--modes", "local", "--epsilons", "inf", "--rounds", "3",
+        "--over-http", "--out", str(out), "--quiet",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    with (out / "results.csv").open(newline="") as handle:
+        (row,) = list(csv.DictReader(handle))
+    assert row["epsilon_spent"] == "inf"
+    assert float(row["final_accuracy"]) > 0.5
