@@ -211,9 +211,7 @@ class PiecewiseMechanism(IndexReports, NumericMechanism):
         return array.astype(np.int64)
 
     def debias(self, reports: np.ndarray) -> np.ndarray:
-        t_hat = (2 * reports.astype(np.float64) - (self.cells - 1)) / (
-            self.beta * self.grid_steps
-        )
+        t_hat = (2 * reports.astype(np.float64) - (self.cells - 1)) / (self.beta * self.grid_steps)
         return self.to_original(t_hat)
 
     def _scale(self) -> float:

@@ -164,7 +164,6 @@ class RapporEstimate(Estimate):
         return float(stats.chi2.sf(self.residual_chi2, self.residual_dof))
 
 
-
 def distinct_per_row(cells: np.ndarray) -> np.ndarray:
     """Sort each row and replace repeated entries by -1 (a value sets a Bloom bit once)."""
     order = np.sort(cells, axis=1)

@@ -53,6 +53,7 @@ from shared.randomness import (
 )
 from shared.statistics import CountStatistics
 
+
 class UnaryEncoding(CategoricalMechanism):
     """Shared body of SUE and OUE; subclasses give the nominal p and q."""
 

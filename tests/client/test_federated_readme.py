@@ -1,8 +1,8 @@
 """The README's federated learning example, verbatim, and the progress ``run`` reports.
 
-The example runs against a real ``aggregator.cli serve`` process (fixture ``aggregator``
-in ``conftest.py``) with the task created by the README's own ``curl`` body, so the test
-breaks when either drifts from the code.
+The example runs against a real ``aggregator.cli serve`` process (fixture ``service``,
+one for the module: each test has a task of its own) with the task created by the
+README's own ``curl`` body, so the test breaks when either drifts from the code.
 """
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ import numpy as np
 import pytest
 
 from client import FederatedClient, RoundResult
+from simulations.server import Server, start_server
 
 #: The repository root (for the README).
 ROOT = Path(__file__).resolve().parents[2]
 
 #: The federated example of README.md, verbatim: ``test_readme_federated_example`` runs
 #: exactly this.
-FEDERATED_EXAMPLE = '''\
+FEDERATED_EXAMPLE = """\
 import logging
 import os
 
@@ -52,13 +53,20 @@ with FederatedClient(
     # Takes part (with probability q) in every round until the task ends.
     results = device.run(on_round=print)  # print each round's RoundResult as it is decided
 print(sum(result.uploaded for result in results), "updates uploaded")
-'''
+"""
 
 #: What the test changes in the README's task so that one device finishes it in seconds:
 #: three rounds, a population of one (q = 1: the device is in every round, and a round
 #: closes as soon as its one upload arrives). Mode, model, privacy target and training
 #: stay the README's.
 SOLO = {"rounds": 3, "population": 1, "clients_per_round": 1}
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    directory = tmp_path_factory.mktemp("federated-readme")
+    with start_server(str(directory / "aggregator.sqlite3"), directory) as server:
+        yield server
 
 
 def readme() -> str:
@@ -91,7 +99,7 @@ def test_readme_shows_the_federated_example() -> None:
 
 
 def test_readme_federated_example(
-    aggregator: Any,
+    service: Server,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -105,12 +113,12 @@ def test_readme_federated_example(
     assert body["name"] == "digits"
     body["config"] |= SOLO
     created = httpx.post(
-        f"{aggregator.url}/v1/federated/tasks", json=body, headers=aggregator.headers("admin")
+        f"{service.url}/v1/federated/tasks", json=body, headers=service.headers("admin")
     )
     assert created.status_code == 201, created.text
     monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("LDP_ENDPOINT", aggregator.url)
-    monkeypatch.setenv("LDP_DEVICE_KEY", aggregator.keys["device"])
+    monkeypatch.setenv("LDP_ENDPOINT", service.url)
+    monkeypatch.setenv("LDP_DEVICE_KEY", service.keys["device"])
     caplog.set_level(logging.INFO, logger="ldp.federated")
 
     exec(compile(FEDERATED_EXAMPLE, "README federated example", "exec"), {})  # noqa: S102
@@ -127,15 +135,13 @@ def test_readme_federated_example(
     ]
     assert logged[-1].startswith("task 'digits' finished after 3 decisions")
     status = httpx.get(
-        f"{aggregator.url}/v1/federated/tasks/digits", headers=aggregator.headers("analyst")
+        f"{service.url}/v1/federated/tasks/digits", headers=service.headers("analyst")
     ).json()
     assert status["state"] == "completed" and status["participants"] == [1, 1, 1]
     assert (tmp_path / ".local" / "state" / "my-app" / "federated").is_dir()
 
 
-def test_run_reports_restarted_rounds(
-    aggregator: Any, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_run_reports_restarted_rounds(service: Server, caplog: pytest.LogCaptureFixture) -> None:
     """A round nobody takes part in (q = 10^-6) is restarted at each deadline (0.5 s):
     ``run`` hands every decision to ``on_round`` as it is made (the same ones it
     returns), and logs each skip and each restart, where it used to wait in silence.
@@ -147,15 +153,15 @@ def test_run_reports_restarted_rounds(
         "round_timeout_seconds": 0.5,
     }  # fmt: skip
     created = httpx.post(
-        f"{aggregator.url}/v1/federated/tasks",
+        f"{service.url}/v1/federated/tasks",
         json={"name": "sparse", "config": config},
-        headers=aggregator.headers("admin"),
+        headers=service.headers("admin"),
     )
     assert created.status_code == 201, created.text
     caplog.set_level(logging.INFO, logger="ldp.federated")
     seen: list[RoundResult] = []
     data = (np.zeros((6, 4)), np.arange(6) % 2)
-    with FederatedClient(aggregator.url, aggregator.keys["device"], "sparse", data) as device:
+    with FederatedClient(service.url, service.keys["device"], "sparse", data) as device:
         results = device.run(max_rounds=3, poll_interval=0.05, on_round=seen.append)
 
     assert seen == results
