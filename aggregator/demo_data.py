@@ -5,15 +5,18 @@ start. On a database that holds no statistics yet, every metric the service serv
 current version) receives ``DEMO_REPORTS_PER_HOUR`` reports in each of the last
 ``DEMO_HOURS`` hours. Each report is made as a device makes it: the simulated device's
 value is perturbed by the metric's own mechanism (``Mechanism.encode``; RAPPOR with a
-fresh 32-byte device secret and the cohort derived from it), and only the perturbed
-reports are ingested, through the same validation and exactly-once path as
-``POST /v1/reports``. No raw value is stored anywhere.
+fresh 32-byte device secret and the cohort derived from it; ``pem`` with a fresh group
+per device, its permanent randomness drawn anew as each simulated device reports once),
+and only the perturbed reports are ingested, through the same validation and exactly-once
+path as ``POST /v1/reports``. No raw value is stored anywhere.
 
 The simulated populations (the truth the estimates approach; ``simulated_values``),
 drawn from a fixed seed per metric:
 
-* categorical metrics with ``d`` categories, and RAPPOR metrics over their candidate
-  strings (``labels``; a RAPPOR metric without candidates is left empty): Zipf shares,
+* categorical metrics with ``d`` categories, and string metrics (``rappor``, ``cms``,
+  ``hcms``, ``pem``, ``sfp``) over their candidate strings (``labels``, those within
+  ``max_length`` UTF-8 bytes; a string metric without such candidates is left empty):
+  Zipf shares,
   ``P(v) = (v + 1)^-s / sum_u (u + 1)^-s`` with ``s = ZIPF_EXPONENT``;
 * numeric metrics on ``[lower, upper]``: ``lower + (upper - lower) B``,
   ``B ~ Beta(2, 5)``, whose mean is ``lower + 2 (upper - lower) / 7``.
@@ -31,6 +34,7 @@ import numpy as np
 from aggregator.ingest import utc_now
 from aggregator.service import Aggregator
 from shared.mechanisms import CategoricalMechanism, Mechanism, NumericMechanism, Rappor
+from shared.mechanisms.strings import OpenStringMechanism
 from shared.schemas import MetricSpec, Report, ReportBatch
 
 #: Hours back from the current one that receive reports (fewer if the service keeps
@@ -100,12 +104,14 @@ def fill_demo_data(
 def simulated_values(metric: MetricSpec, mechanism: Mechanism, n: int) -> np.ndarray | None:
     """The ``n`` simulated devices' true values for ``metric`` (the module docstring's
     populations), from a generator seeded by ``POPULATION_SEED`` and the metric's name;
-    None for a metric the demo cannot simulate (RAPPOR without candidate strings)."""
+    None for a metric the demo cannot simulate (a string metric without candidate strings)."""
     population = np.random.default_rng([POPULATION_SEED, zlib.crc32(metric.name.encode())])
-    if isinstance(mechanism, Rappor):
-        if not metric.labels:
+    if isinstance(mechanism, Rappor | OpenStringMechanism):
+        limit = metric.mechanism.max_length
+        fitting = [s for s in metric.labels or () if limit is None or len(s.encode()) <= limit]
+        if not fitting:
             return None
-        labels = np.array(metric.labels, dtype=object)
+        labels = np.array(fitting, dtype=object)
         return labels[population.choice(labels.size, size=n, p=zipf_shares(labels.size))]
     if isinstance(mechanism, CategoricalMechanism):
         d = mechanism.domain_size

@@ -32,6 +32,7 @@ from aggregator.problems import ProblemError, problem_response
 from aggregator.service import (
     InvalidEstimateError,
     InvalidMetricError,
+    NotDiscoveryMetricError,
     NotEnoughReportsError,
     StorageUnavailableError,
     UnknownMetricError,
@@ -77,6 +78,7 @@ PROBLEMS: dict[type[Exception], Callable[[Exception], ProblemError]] = {
     NotEnoughReportsError: Fixed(409, "not-enough-reports", "Not enough reports"),
     InvalidMetricError: Fixed(422, "invalid-metric", "Invalid metric", field="name"),
     InvalidEstimateError: Fixed(422, "invalid-request", "Invalid estimate request"),
+    NotDiscoveryMetricError: Fixed(422, "not-a-discovery-metric", "Not a discovery metric"),
     InvalidKeyRequestError: Fixed(422, "invalid-key-request", "Invalid key request", "label"),
     UnknownKeyError: Fixed(404, "unknown-key", "Unknown key"),
     StorageUnavailableError: Fixed(503, "storage-unavailable", "Storage unreachable"),

@@ -5,8 +5,12 @@ with standard errors, the 95% normal interval ``estimate ± 1.96 std`` (for a me
 the users' own mean, with the interval around the mean of the population they came from,
 ``± 1.96 population_std``, beside it), and beside them
 the post-processed estimate (a valid distribution, or a mean inside the bounds), which
-is biased and marked so. RAPPOR metrics are decoded against the metric's candidate
-strings (its labels) or the ones the request lists.
+is biased and marked so. String metrics (``rappor``, and the open-domain ``cms``,
+``hcms``, ``pem`` and ``sfp``) are estimated at candidate strings: the metric's labels,
+or the ones the request lists; RAPPOR's decoding adds its detection fields, which the
+others leave null. The discovery mechanisms (``pem``, ``sfp``) also find the most
+frequent strings without candidates: ``GET /v1/metrics/{name}/heavy-hitters``
+(``build_heavy_hitters``).
 
 The release threshold applies per stored time bucket (``ReleasedBuckets``): a bucket's
 reports enter an estimate only if the bucket holds at least ``min_reports`` of them in
@@ -31,11 +35,15 @@ from pydantic import BaseModel, Field
 
 from aggregator.storage import PartialRow
 from shared.estimates import Estimate, MeanEstimate, StdMethod
-from shared.mechanisms import Mechanism, Rappor, RapporEstimate
+from shared.mechanisms import Mechanism, Rappor, RapporEstimate, pem, sfp
+from shared.mechanisms.strings import OpenStringMechanism
 from shared.schemas import MetricSpec
 from shared.statistics import CountStatistics, MomentStatistics
 
 CONFIDENCE = 0.95
+#: The most heavy hitters one request may ask for: as many as every discovery mechanism
+#: returns.
+MAX_HEAVY_HITTERS = min(pem.MAX_HEAVY_HITTERS, sfp.MAX_HEAVY_HITTERS)
 
 
 @dataclass(frozen=True)
@@ -206,24 +214,75 @@ class NumericEstimateOut(EstimateBase):
 
 class CandidateItem(BaseModel):
     string: str
-    frequency: float
-    std: float
+    frequency: float = Field(description="Unbiased estimate of the candidate's share of reports.")
+    std: float = Field(
+        description="Standard error (cms, hcms, pem, sfp: with the hash-collision term)."
+    )
     ci_low: float
     ci_high: float
-    count: float
-    detected: bool
+    count: float = Field(description="n * frequency: the estimated number of reports.")
+    detected: bool | None = Field(
+        default=None,
+        description="RAPPOR only: whether the decoder detected the candidate; null for cms, "
+        "hcms, pem and sfp.",
+    )
+
+
+_RAPPOR_ONLY = "RAPPOR only (null for cms, hcms, pem and sfp): "
 
 
 class StringEstimateOut(EstimateBase):
+    """Candidate strings' frequencies: RAPPOR decoded, or an open-domain mechanism's
+    (cms, hcms, pem, sfp) unbiased estimates."""
+
     kind: Literal["string"] = "string"
-    epsilon_infinity: float = Field(description="Bound over any number of reports of one value.")
+    epsilon_infinity: float | None = Field(
+        default=None,
+        description=_RAPPOR_ONLY + "bound over any number of reports of one value.",
+    )
     candidates: list[CandidateItem]
-    detected: list[str] = Field(description="Detected candidates, most frequent first.")
-    explained_mass: float
-    unexplained_mass: float
-    smallest_detectable_frequency: float
-    correction: str
-    alpha: float
+    detected: list[str] | None = Field(
+        default=None, description=_RAPPOR_ONLY + "detected candidates, most frequent first."
+    )
+    explained_mass: float | None = Field(
+        default=None,
+        description=_RAPPOR_ONLY + "the total frequency the candidates take.",
+    )
+    unexplained_mass: float | None = Field(
+        default=None,
+        description=_RAPPOR_ONLY + "1 - explained_mass: strings that are not candidates.",
+    )
+    smallest_detectable_frequency: float | None = Field(
+        default=None, description=_RAPPOR_ONLY + "the decoder's detection limit."
+    )
+    correction: str | None = Field(
+        default=None,
+        description=_RAPPOR_ONLY + "the detection's multiple-testing correction.",
+    )
+    alpha: float | None = Field(
+        default=None, description=_RAPPOR_ONLY + "the significance level of detection."
+    )
+
+
+class HeavyHitterItem(BaseModel):
+    string: str
+    frequency: float = Field(description="Estimated share of reports holding the string.")
+    std: float
+    ci_low: float
+    ci_high: float
+    count: float = Field(description="n * frequency: the estimated number of reports.")
+
+
+class HeavyHittersOut(EstimateBase):
+    """The most frequent strings a discovery mechanism (pem, sfp) found without candidates."""
+
+    kind: Literal["heavy-hitters"] = "heavy-hitters"
+    k: int = Field(description="Strings asked for; fewer come back when fewer were found.")
+    heavy_hitters: list[HeavyHitterItem] = Field(
+        description="The strings found, most frequent first, with their estimates: the "
+        "std and interval are of the estimate given the string was found (see the "
+        "mechanism's documentation for how discovery and estimation share the reports)."
+    )
 
 
 EstimateOut = CategoricalEstimateOut | NumericEstimateOut | StringEstimateOut
@@ -239,29 +298,21 @@ def build_estimate(
 ) -> dict[str, object]:
     """The published estimate of ``stats``, the statistics of ``released.rows`` (JSON-ready,
     one of the ``*EstimateOut`` shapes)."""
-    base: dict[str, object] = {
-        "metric": metric.name,
-        "version": metric.version,
-        "mechanism": metric.mechanism.mechanism,
-        "epsilon": metric.mechanism.epsilon,
-        **(
-            {"epsilon_report": metric.mechanism.epsilon_report}
-            if metric.mechanism.is_memoized
-            else {}
-        ),
-        "n": stats.n,
-        "confidence": CONFIDENCE,
-        "window": window.as_json(),
-        **released.as_json(),
-    }
-    if isinstance(mechanism, Rappor):
-        assert isinstance(stats, CountStatistics)
+    base = _base(metric, stats.n, window, released)
+    if isinstance(mechanism, Rappor | OpenStringMechanism):
         listed = candidates or list(metric.labels or ())
         if not listed:
             raise ValueError(
-                "this RAPPOR metric lists no candidate strings: pass candidates=... to decode"
+                f"this {mechanism.name} metric lists no candidate strings: pass "
+                "candidates=... to estimate them"
             )
-        return base | _string_estimate(mechanism, mechanism.estimate(stats, candidates=listed))
+        if isinstance(mechanism, Rappor):
+            assert isinstance(stats, CountStatistics)
+            return base | _rappor_estimate(mechanism, mechanism.estimate(stats, candidates=listed))
+        return base | {
+            "kind": "string",
+            "candidates": _string_items(listed, mechanism.estimate(stats, listed)),
+        }
     result = mechanism.estimate(stats)
     if isinstance(result, MeanEstimate):
         low, high = result.ci(CONFIDENCE)
@@ -306,24 +357,70 @@ def build_estimate(
     }
 
 
-def _string_estimate(mechanism: Rappor, result: RapporEstimate) -> dict[str, object]:
+def build_heavy_hitters(
+    metric: MetricSpec,
+    mechanism: OpenStringMechanism,
+    stats: CountStatistics | MomentStatistics,
+    window: EstimateWindow,
+    released: ReleasedBuckets,
+    k: int,
+) -> dict[str, object]:
+    """The ``k`` most frequent strings ``mechanism`` finds in ``stats`` (the statistics of
+    ``released.rows``) without candidates, JSON-ready in the ``HeavyHittersOut`` shape."""
+    found = mechanism.heavy_hitters(stats, k)
+    return _base(metric, stats.n, window, released) | {
+        "kind": "heavy-hitters",
+        "k": k,
+        "heavy_hitters": _string_items(found.strings, found),
+    }
+
+
+def _base(
+    metric: MetricSpec, n: int, window: EstimateWindow, released: ReleasedBuckets
+) -> dict[str, object]:
+    """What every estimate says: the metric version, its privacy promise, n and the window."""
+    return {
+        "metric": metric.name,
+        "version": metric.version,
+        "mechanism": metric.mechanism.mechanism,
+        "epsilon": metric.mechanism.epsilon,
+        **(
+            {"epsilon_report": metric.mechanism.epsilon_report}
+            if metric.mechanism.is_memoized
+            else {}
+        ),
+        "n": n,
+        "confidence": CONFIDENCE,
+        "window": window.as_json(),
+        **released.as_json(),
+    }
+
+
+def _string_items(strings: Sequence[str], result: Estimate) -> list[dict[str, object]]:
+    """One item per string: its estimate, std, 95% interval and n * frequency."""
     low, high = result.ci(CONFIDENCE)
     counts = result.counts
+    return [
+        {
+            "string": string,
+            "frequency": float(result.frequencies[i]),
+            "std": float(result.std[i]),
+            "ci_low": float(low[i]),
+            "ci_high": float(high[i]),
+            "count": float(counts[i]),
+        }
+        for i, string in enumerate(strings)
+    ]
+
+
+def _rappor_estimate(mechanism: Rappor, result: RapporEstimate) -> dict[str, object]:
+    items = _string_items(result.candidates, result)
+    for item, detected in zip(items, result.detected.tolist(), strict=True):
+        item["detected"] = bool(detected)
     return {
         "kind": "string",
         "epsilon_infinity": mechanism.epsilon_infinity,
-        "candidates": [
-            {
-                "string": string,
-                "frequency": float(result.frequencies[i]),
-                "std": float(result.std[i]),
-                "ci_low": float(low[i]),
-                "ci_high": float(high[i]),
-                "count": float(counts[i]),
-                "detected": bool(result.detected[i]),
-            }
-            for i, string in enumerate(result.candidates)
-        ],
+        "candidates": items,
         "detected": [item.string for item in result.detected_strings(CONFIDENCE)],
         "explained_mass": result.explained_mass,
         "unexplained_mass": result.unexplained_mass,

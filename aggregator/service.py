@@ -14,12 +14,19 @@ from datetime import datetime, timedelta
 
 from aggregator import observability as obs
 from aggregator.catalog import Catalog
-from aggregator.estimates import EstimateWindow, ReleasedBuckets, build_estimate
+from aggregator.estimates import (
+    MAX_HEAVY_HITTERS,
+    EstimateWindow,
+    ReleasedBuckets,
+    build_estimate,
+    build_heavy_hitters,
+)
 from aggregator.ingest import BatchTooLargeError, prepare, utc_now
 from aggregator.registry import check_metric_name
 from aggregator.settings import Settings
 from aggregator.storage import Storage
 from shared.mechanisms import Mechanism, make_mechanism
+from shared.mechanisms.strings import OpenStringMechanism
 from shared.schemas import (
     IngestResult,
     MetricDefinition,
@@ -27,6 +34,7 @@ from shared.schemas import (
     MetricSpec,
     ReportBatch,
 )
+from shared.statistics import CountStatistics, MomentStatistics
 
 logger = logging.getLogger("ldp.aggregator")
 
@@ -40,7 +48,11 @@ class InvalidMetricError(ValueError):
 
 
 class InvalidEstimateError(ValueError):
-    """An estimate request the service refuses (its window or its candidates)."""
+    """An estimate request the service refuses (its window, its candidates or its k)."""
+
+
+class NotDiscoveryMetricError(InvalidEstimateError):
+    """Heavy hitters asked of a metric whose mechanism cannot find strings by itself."""
 
 
 class StorageUnavailableError(Exception):
@@ -147,25 +159,67 @@ class Aggregator:
         partial rows are summed into one accumulator (``merge_many``), not pairwise. A
         window or candidates that cannot be used raise ``InvalidEstimateError``.
         """
+        metric, mechanism = self._metric(name, version)
         try:
-            return self._estimate(name, version, start, end, candidates)
+            window, released, stats = self._released(metric, mechanism, start, end)
+            return build_estimate(metric, mechanism, stats, window, released, candidates)
         except ValueError as error:
             raise InvalidEstimateError(str(error)) from None
 
-    def _estimate(
+    def heavy_hitters(
         self,
         name: str,
-        version: int | None,
-        start: datetime | None,
-        end: datetime | None,
-        candidates: list[str] | None,
+        k: int,
+        version: int | None = None,
+        start: datetime | None = None,
+        end: datetime | None = None,
     ) -> dict[str, object]:
+        """The ``k`` most frequent strings of a discovery metric (``pem``, ``sfp``) over
+        ``start <= time < end``, found without candidates (JSON-ready).
+
+        The window, version and release threshold are the estimate's (``estimate``).
+        ``NotDiscoveryMetricError`` for a metric of another mechanism, and
+        ``InvalidEstimateError`` for a k outside 1..``MAX_HEAVY_HITTERS`` or a window that
+        cannot be used.
+        """
+        metric, mechanism = self._metric(name, version)
+        if not (isinstance(mechanism, OpenStringMechanism) and mechanism.discovers):
+            hint = (
+                f"; estimate given strings with GET /v1/metrics/{metric.name}/estimate"
+                "?candidates=..."
+                if metric.mechanism.kind == "string"
+                else ""
+            )
+            raise NotDiscoveryMetricError(
+                f"metric {metric.name!r} uses {mechanism.name!r}, which does not find strings "
+                f"by itself: heavy hitters need a discovery mechanism (pem or sfp){hint}"
+            )
+        if not 1 <= k <= MAX_HEAVY_HITTERS:
+            raise InvalidEstimateError(f"k must lie in 1..{MAX_HEAVY_HITTERS}, got {k}")
+        try:
+            window, released, stats = self._released(metric, mechanism, start, end)
+            return build_heavy_hitters(metric, mechanism, stats, window, released, k)
+        except ValueError as error:
+            raise InvalidEstimateError(str(error)) from None
+
+    def _metric(self, name: str, version: int | None) -> tuple[MetricSpec, Mechanism]:
+        """The metric version (latest by default) and its mechanism, or ``UnknownMetricError``."""
         metric = self.catalog.get(name, version)
         if metric is None:
             what = f"metric {name!r}" + (f" version {version}" if version is not None else "")
             raise UnknownMetricError(f"no {what}")
         mechanism = self.catalog.mechanism(metric.name, metric.version)
         assert mechanism is not None
+        return metric, mechanism
+
+    def _released(
+        self,
+        metric: MetricSpec,
+        mechanism: Mechanism,
+        start: datetime | None,
+        end: datetime | None,
+    ) -> tuple[EstimateWindow, ReleasedBuckets, CountStatistics | MomentStatistics]:
+        """The window, its released buckets and their statistics merged into one."""
         window = EstimateWindow.of(start, end, self.settings.bucket_seconds)
         rows = self.storage.partial_rows(metric.name, metric.version, window.first, window.stop)
         released = ReleasedBuckets.of(rows, self.settings.min_reports)
@@ -176,7 +230,7 @@ class Aggregator:
         stats = mechanism.empty_statistics().merge_many(
             mechanism.statistics_from_bytes(row.stats) for row in released.rows
         )
-        return build_estimate(metric, mechanism, stats, window, released, candidates)
+        return window, released, stats
 
     def compact(self) -> CompactionResult:
         """Merge each (metric, version, bucket)'s partial rows into one."""

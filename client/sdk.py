@@ -3,12 +3,20 @@
     with TelemetryClient("https://telemetry.example", api_key, "/var/lib/app/ldp") as client:
         client.record("app.theme", "dark")          # a category, by label or index
         client.record("app.session_minutes", 12.5)  # a number
-        client.record_string("browser.home_page", "example.com")  # RAPPOR
+        client.record_string("browser.home_page", "example.com")  # a string
 
 ``record`` checks the value against the metric's spec, debits the privacy ledger
 (durably, before anything else), perturbs the value with the metric's mechanism and
 the operating system's CSPRNG, and queues only the perturbed report in the outbox; the
 raw value goes no further than this call. A background thread uploads the outbox.
+
+``record_string`` does the same for string metrics: RAPPOR (memoized, below) and the
+open-domain mechanisms ``cms``, ``hcms``, ``pem`` and ``sfp``. A string is checked to be a
+``str`` whose UTF-8 bytes fit the metric's ``max_length`` (``pem``, ``sfp``). The
+open-domain mechanisms are one-shot: each report is charged the metric's ``epsilon``,
+as ``record`` charges a categorical report. What ``pem`` assigns a device for life (its
+group of prefix lengths) comes from the device's memo for the metric version (below),
+so a device always reports in the same group.
 
 Memoized metrics (``lgrr``, ``lsue``, ``loue``, ``losue``, ``dbitflip``, ``onebitmean``,
 and ``rappor`` through ``record_string``) answer from a permanent response that is the
@@ -57,6 +65,7 @@ from client.specs import SpecCache, SpecError
 from client.transport import RetryPolicy, ServerClock, Uploader
 from shared.mechanisms import Mechanism, Rappor, make_mechanism
 from shared.mechanisms.memoized import MemoizedMechanism
+from shared.mechanisms.strings import OpenStringMechanism, utf8_values
 from shared.memo import KeyedMemo, memo_scope
 from shared.schemas import MechanismSpec, MetricSpec
 
@@ -125,7 +134,9 @@ class TelemetryClient:
         spec, mechanism = self._lookup(metric)
         kind = spec.mechanism.kind
         if kind == "string":
-            raise SpecError(f"{metric} collects strings with RAPPOR: use record_string")
+            raise SpecError(
+                f"{metric} collects strings ({spec.mechanism.mechanism}): use record_string"
+            )
         encoded = (
             category_index(spec, value) if kind == "categorical" else numeric_value(metric, value)
         )
@@ -142,21 +153,22 @@ class TelemetryClient:
         self._enqueue(spec, mechanism.to_payloads(reports)[0])
 
     def record_string(self, metric: str, value: str) -> None:
-        """Report a string for a RAPPOR metric (memoized per device and metric)."""
+        """Report a string for a string metric: RAPPOR (memoized per device and metric), or
+        ``cms``, ``hcms``, ``pem``, ``sfp`` (one report, charged ``epsilon``)."""
         spec, mechanism = self._lookup(metric)
-        if not isinstance(mechanism, Rappor):
+        if isinstance(mechanism, OpenStringMechanism):
+            checked_string(metric, value, spec.mechanism.max_length)
+            self._ledger.debit(metric, spec.mechanism.epsilon)
+            reports = mechanism.encode([value], memo=self._memo(spec))
+        elif isinstance(mechanism, Rappor):
+            encoded = checked_string(metric, value)
+            cost = memoized_cost(mechanism)
+            secret = hmac.new(self._ledger.device_secret, metric.encode(), hashlib.sha256).digest()
+            cohort = mechanism.assign_cohort(secret)
+            self._ledger.debit_memoized(metric, spec.version, encoded, cost)
+            reports = mechanism.encode([value], np.array([cohort]), [secret])
+        else:
             raise SpecError(f"{metric} is a {spec.mechanism.kind} metric: use record")
-        if not isinstance(value, str):
-            raise TypeError(f"{metric}: record_string takes a str, got {type(value).__name__}")
-        try:
-            encoded = value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError(f"{metric}: the value is not valid Unicode (lone surrogate)") from None
-        cost = memoized_cost(mechanism)
-        secret = hmac.new(self._ledger.device_secret, metric.encode(), hashlib.sha256).digest()
-        cohort = mechanism.assign_cohort(secret)
-        self._ledger.debit_memoized(metric, spec.version, encoded, cost)
-        reports = mechanism.encode([value], np.array([cohort]), [secret])
         self._enqueue(spec, mechanism.to_payloads(reports)[0])
 
     def budget(self) -> BudgetStatus:
@@ -377,6 +389,16 @@ def category_index(spec: MetricSpec, value: object) -> np.ndarray:
     if not 0 <= int(value) < size:
         raise ValueError(f"{spec.name}: category index {value} is outside 0..{size - 1}")
     return np.array([int(value)])
+
+
+def checked_string(metric: str, value: str, max_length: int | None = None) -> bytes:
+    """``value``'s UTF-8 bytes, once it is a ``str`` (no lone surrogates) of at most
+    ``max_length`` bytes when given (``utf8_values``); ``TypeError`` or ``ValueError``
+    naming the metric and what is wrong."""
+    try:
+        return utf8_values([value], max_length)[0]
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{metric}: record_string: {error}") from None
 
 
 def numeric_value(metric: str, value: object) -> np.ndarray:

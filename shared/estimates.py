@@ -88,6 +88,23 @@ class Estimate:
 
 
 @dataclass(frozen=True)
+class HeavyHitters(Estimate):
+    """The most frequent strings found without a candidate list, most frequent first:
+    ``strings[i]`` has the estimated frequency ``frequencies[i]`` with standard error
+    ``std[i]`` (of the estimate given the string was found; see the mechanism for how
+    discovery and estimation share the reports)."""
+
+    strings: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.strings) != len(self.frequencies):
+            raise ValueError(
+                f"heavy hitters need one frequency per string, got {len(self.strings)} "
+                f"strings and {len(self.frequencies)} frequencies"
+            )
+
+
+@dataclass(frozen=True)
 class MeanEstimate:
     """An unbiased mean of n clipped values, with two standard errors.
 

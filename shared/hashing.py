@@ -13,15 +13,108 @@ today decodes on a server years later.
   cohort, a permanent randomized response.
 * :func:`keyed_stream`: ``SHAKE-256(HMAC-SHA256(key, message))`` truncated to the bytes
   asked for (FIPS 202), a deterministic pseudorandom stream for memoized randomness.
+* :class:`SketchHash`: the k hash functions h_0..h_{k-1} of a count sketch of k rows
+  and m columns (``cms``, ``hcms``, ``sfp``): one SHA-256 fingerprint per string, then
+  every row's column by arithmetic in GF(2^32), so a server evaluates all k rows of a
+  million strings in numpy.
+
+Sketch hash family
+------------------
+For a sketch of ``k`` rows (depth) and ``m`` columns (width), 1 <= k <= 2^24 and
+2 <= m <= 2^31, and a string s:
+
+1. key ``K = "LDP sketch v1" || 0x00 || BE32(k) || BE32(m)`` (``sketch_key``: 22 bytes,
+   fixed by the spec, so every device and server of a metric uses the same functions);
+2. fingerprint ``D = SHA-256(K || UTF-8(s))``; ``a = BE32(D[0:4])``,
+   ``b = BE32(D[4:8])``, read as elements of GF(2^32) = GF(2)[x] / (x^32 + x^7 + x^3 +
+   x^2 + 1): bit i of the unsigned 32-bit integer is the coefficient of x^i (the
+   polynomial is irreducible; the tests check it with Rabin's test);
+3. row multipliers ``G_0, ..., G_{k-1}``: the big-endian 32-bit words of
+   ``SHAKE-256(K)`` in order, a word equal to an earlier one skipped, so they are distinct
+   (``SketchHash.multipliers``);
+4. row j (0 <= j < k): ``x_j = a + b * G_j`` (field addition is XOR; multiplication is
+   carry-less multiplication reduced by the polynomial: to multiply by x, shift left by
+   one and, if bit 32 is set, clear it and XOR 0x8D);
+5. ``h_j(s) = floor(x_j * m / 2^32)``, the unsigned 32-bit x_j scaled to 0..m-1
+   (for m = 2^w: the top w bits of x_j).
+
+Test vector: k = 4, m = 2048, s = "abc" gives columns (69, 1922, 1137, 1402); more in
+``tests/shared/test_sketch.py``.
+
+Why this family. Model SHA-256 and SHAKE-256 as random functions: distinct strings
+s != s' have independent uniform (a, b) and (a', b'). In one row x_j is uniform (a is),
+so two strings collide there with probability
+
+    kappa = sum_c (|C_c| / 2^32)^2,   C_c = {x : floor(x m / 2^32) = c},
+
+exactly 1/m when m is a power of two, otherwise within a relative m^2 / 2^66 of it
+(``SketchHash.collision_probability`` gives it exactly). For two rows j != j', the map
+(a, b) -> (x_j, x_j') is a bijection of GF(2^32)^2 (its determinant is G_j - G_j' != 0),
+so x_j and x_j' are independent and uniform, and so are x_j(s), x_j'(s), x_j(s'),
+x_j'(s'): the collision events [h_j(s) = h_j(s')] are pairwise independent across rows.
+That is all the variance of a count-mean-sketch estimate depends on
+(``shared.mechanisms.sketch``), so the estimator behaves as with k independent random
+functions, at the cost of one cryptographic hash per string.
+
+Many rows. For m = 2^w, s and s' collide in row j iff da + db G_j lies in the subspace L
+of the elements whose top w bits are 0 (da = a + a', db = b + b', independent and
+uniform). For db != 0 the rows they share are the j whose multiplier lies in the coset
+db^-1 (da + L) of the (32 - w)-dimensional subspace db^-1 L, so rows j_1..j_r all collide
+with probability m^-1 P(db D_i in L for i = 2..r), D_i = G_{j_i} - G_{j_1}: that is m^-r
+when the linear map db -> (top w bits of db D_i)_i is onto, as it is for all but a few
+sets of r <= 1 + 32/w random multipliers, and on average over them. Multipliers with
+linear structure lose this: with G_j = j every set of shared rows is an affine subspace
+of row indices, so pairs of strings sharing 4, 8, ... or all k rows abound (at k = 32,
+m = 256 about 4e-4 of all pairs share 4 rows or more, against 8e-6 for independent rows,
+and about one in a million shares all 32); random multipliers keep the counts binomial
+(``tests/shared/test_sketch.py`` counts them).
+
+Evaluating all rows. The top bits of b G_j are GF(2)-linear in b: they are the XOR over
+the four bytes b_0..b_3 of b (b = sum_i b_i x^(8 i)) of T_j[i][b_i], T_j[i][v] the top
+bits of (v x^(8 i)) G_j. ``SketchHash.walk`` packs these tables for a group of rows into
+64-bit words, one lane of 8, 16 or 32 bits per row (the top w bits of x_j for m = 2^w,
+all 32 bits otherwise, then scaled), so four gathers and four XORs per string give the
+columns of a whole group of 8, 4 or 2 rows.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from fractions import Fraction
+from functools import cached_property
 
-__all__ = ["keyed_digest", "keyed_stream", "rappor_bloom_digests"]
+import numpy as np
+
+__all__ = [
+    "GF32_REDUCTION",
+    "MAX_SKETCH_DEPTH",
+    "SKETCH_LABEL",
+    "SketchHash",
+    "gf32_multiply",
+    "keyed_digest",
+    "keyed_stream",
+    "rappor_bloom_digests",
+    "sketch_key",
+]
+
+#: Domain separation of the sketch hash family's key.
+SKETCH_LABEL = b"LDP sketch v1\x00"
+#: x^32 mod (x^32 + x^7 + x^3 + x^2 + 1): what a carry out of bit 31 is reduced to.
+GF32_REDUCTION = 0x8D
+#: Most rows of a sketch hash family (its multipliers are distinct 32-bit words).
+MAX_SKETCH_DEPTH = 1 << 24
+_LOW32 = 0xFFFF_FFFF
+#: Elements multiplied together by ``gf32_multiply`` (its work arrays stay in cache).
+_MULTIPLY_CHUNK = 1 << 15
+#: Rows whose byte tables are built together (8 KiB of int64 per row while building; a
+#: multiple of every group's rows).
+_TABLE_ROWS = 1 << 10
+#: Most 64-bit table words a ``SketchHash`` keeps built; larger families build them anew
+#: on each walk, ``_TABLE_ROWS`` rows at a time.
+_KEPT_TABLE_WORDS = 1 << 21
 
 
 def rappor_bloom_digests(pairs: Iterable[tuple[int, bytes]]) -> bytes:
@@ -39,3 +132,184 @@ def keyed_digest(key: bytes, message: bytes) -> bytes:
 def keyed_stream(key: bytes, message: bytes, size: int) -> bytes:
     """``size`` bytes of ``SHAKE-256(HMAC-SHA256(key, message))``."""
     return hashlib.shake_256(keyed_digest(key, message)).digest(size)
+
+
+def sketch_key(depth: int, width: int) -> bytes:
+    """``"LDP sketch v1" || 0x00 || BE32(depth) || BE32(width)``: the sketch family's key."""
+    return SKETCH_LABEL + depth.to_bytes(4, "big") + width.to_bytes(4, "big")
+
+
+def _times_x(values: np.ndarray) -> np.ndarray:
+    """Each GF(2^32) element (int64 holding 32 bits) multiplied by x."""
+    return ((values << 1) & _LOW32) ^ ((values >> 31) * GF32_REDUCTION)
+
+
+def gf32_multiply(left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """Elementwise product in GF(2^32) of int64 arrays holding 32-bit elements (broadcast):
+    shift-and-add over the 32 bits of ``right``, in place on chunks that stay in cache."""
+    left, right = np.broadcast_arrays(np.asarray(left, np.int64), np.asarray(right, np.int64))
+    product = np.zeros(left.shape, dtype=np.int64)
+    flat_left, flat_right, flat_product = left.reshape(-1), right.reshape(-1), product.reshape(-1)
+    for start in range(0, flat_left.size, _MULTIPLY_CHUNK):
+        chunk = slice(start, start + _MULTIPLY_CHUNK)
+        power = flat_left[chunk].copy()  # left * x^bit
+        factor, out = flat_right[chunk], flat_product[chunk]
+        term, carry = np.empty_like(power), np.empty_like(power)
+        for bit in range(32):
+            np.right_shift(factor, bit, out=term)
+            np.bitwise_and(term, 1, out=term)
+            np.negative(term, out=term)  # all ones where the bit is set
+            np.bitwise_and(term, power, out=term)
+            np.bitwise_xor(out, term, out=out)
+            np.right_shift(power, 31, out=carry)
+            np.multiply(carry, GF32_REDUCTION, out=carry)
+            np.left_shift(power, 1, out=power)
+            np.bitwise_and(power, _LOW32, out=power)
+            np.bitwise_xor(power, carry, out=power)
+    return product
+
+
+def _distinct_words(seed: bytes, count: int) -> np.ndarray:
+    """The first ``count`` distinct big-endian 32-bit words of SHAKE-256(seed), in order."""
+    size = count
+    while True:
+        words = np.frombuffer(hashlib.shake_256(seed).digest(4 * size), dtype=">u4")
+        _, first = np.unique(words, return_index=True)
+        if first.size >= count:
+            return words[np.sort(first)[:count]].astype(np.int64)
+        size += 2 * (count - first.size) + 16
+
+
+class SketchHash:
+    """The k hash functions of a k x m count sketch (module docstring, "Sketch hash family")."""
+
+    def __init__(self, depth: int, width: int) -> None:
+        bounds = (("depth", depth, 1, MAX_SKETCH_DEPTH), ("width", width, 2, 1 << 31))
+        for name, value, low, high in bounds:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"sketch {name} must be an int, got {type(value).__name__}")
+            if not low <= value <= high:
+                raise ValueError(f"sketch {name} must lie in {low}..{high}, got {value}")
+        self.depth = depth
+        self.width = width
+        self.key = sketch_key(depth, width)
+        power_of_two = width & (width - 1) == 0
+        #: The top bits of x_j a lane of ``walk`` holds: w for m = 2^w, else all 32.
+        self.kept_bits: int = width.bit_length() - 1 if power_of_two else 32
+        #: Bits of a lane, and lanes (rows) per 64-bit word.
+        self.lane_bits: int = next(bits for bits in (8, 16, 32) if bits >= self.kept_bits)
+        self.lanes: int = 64 // self.lane_bits
+
+    @property
+    def collision_probability(self) -> Fraction:
+        """kappa = P(h_j(s) = h_j(s')) for distinct strings: sum_c (|C_c| / 2^32)^2, where
+        the r = 2^32 mod m cells of ``floor(x m / 2^32)`` hold q + 1 values and the others q
+        (q = floor(2^32 / m)); exactly 1/m for m a power of two."""
+        whole, extra = divmod(1 << 32, self.width)
+        cells = extra * (whole + 1) ** 2 + (self.width - extra) * whole**2
+        return Fraction(cells, 1 << 64)
+
+    @cached_property
+    def multipliers(self) -> np.ndarray:
+        """(k,) int64: G_0..G_{k-1}, the first k distinct big-endian 32-bit words of
+        SHAKE-256(K)."""
+        return _distinct_words(self.key, self.depth)
+
+    def fingerprints(self, values: Sequence[bytes]) -> np.ndarray:
+        """(n, 2) int64: (a, b) of each UTF-8 string, from ``SHA-256(key || value)``."""
+        base = hashlib.sha256(self.key)
+
+        def digest(value: bytes) -> bytes:
+            state = base.copy()
+            state.update(value)
+            return state.digest()[:8]
+
+        raw = b"".join([digest(value) for value in values])
+        return np.frombuffer(raw, dtype=">u4").astype(np.int64).reshape(-1, 2)
+
+    def positions(self, fingerprints: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """``h_{rows[i]}(s_i)`` for each fingerprint (one row per string; int64)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= self.depth):
+            raise ValueError(f"sketch rows must lie in 0..{self.depth - 1}")
+        values = fingerprints[:, 0] ^ gf32_multiply(fingerprints[:, 1], self.multipliers[rows])
+        return (values * self.width) >> 32
+
+    def columns(self, fingerprints: np.ndarray) -> np.ndarray:
+        """(k, n) int64: every row's column of every fingerprint (``walk``, collected)."""
+        out = np.empty((self.depth, fingerprints.shape[0]), dtype=np.int64)
+        for row, columns in enumerate(self.walk(fingerprints)):
+            out[row] = columns
+        return out
+
+    def walk(self, fingerprints: np.ndarray) -> Iterator[np.ndarray]:
+        """The columns of every string in rows 0, 1, ..., k - 1, one int64 array per row.
+
+        Four gathers and four XORs per string and group of rows (module docstring,
+        "Evaluating all rows"). The arrays yielded are one buffer reused: use each before
+        asking for the next group's rows.
+        """
+        n = fingerprints.shape[0]
+        b = fingerprints[:, 1]
+        chunks = [(b >> (8 * byte)) & 0xFF for byte in range(4)]
+        replicate = sum(1 << (self.lane_bits * lane) for lane in range(self.lanes))
+        top = (fingerprints[:, 0] >> (32 - self.kept_bits)).astype(np.uint64)
+        top *= np.uint64(replicate)  # a's top bits in every lane (no lane overflows)
+        packed, scratch = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint64)
+        lane_values = packed.view(f"u{self.lane_bits // 8}").reshape(n, self.lanes)
+        columns = np.empty((self.lanes, n), dtype=np.int64)
+        row = 0
+        for tables in self._group_tables():
+            np.take(tables[0], chunks[0], out=packed, mode="wrap")  # bytes: never wrap
+            for byte in range(1, 4):
+                np.take(tables[byte], chunks[byte], out=scratch, mode="wrap")
+                np.bitwise_xor(packed, scratch, out=packed)
+            np.bitwise_xor(packed, top, out=packed)
+            np.copyto(columns, lane_values.T)
+            if self.kept_bits == 32:  # m not a power of two: scale x_j to 0..m-1
+                columns *= self.width
+                columns >>= 32
+            for lane in range(min(self.lanes, self.depth - row)):
+                yield columns[lane]
+            row += self.lanes
+
+    def _group_tables(self) -> Iterator[np.ndarray]:
+        """The (4, 256) uint64 byte tables of each group of ``lanes`` rows, in order."""
+        if self._kept_tables is not None:
+            yield from self._kept_tables
+            return
+        for start in range(0, self.depth, _TABLE_ROWS):
+            yield from self._build_tables(start, min(start + _TABLE_ROWS, self.depth))
+
+    @cached_property
+    def _kept_tables(self) -> np.ndarray | None:
+        """All groups' byte tables when they take at most ``_KEPT_TABLE_WORDS`` words."""
+        groups = -(-self.depth // self.lanes)
+        if groups * 4 * 256 > _KEPT_TABLE_WORDS:
+            return None
+        parts = [
+            self._build_tables(start, min(start + _TABLE_ROWS, self.depth))
+            for start in range(0, self.depth, _TABLE_ROWS)
+        ]
+        return np.concatenate(parts)
+
+    def _build_tables(self, start: int, stop: int) -> np.ndarray:
+        """(groups, 4, 256) uint64 for rows start..stop - 1 (start a multiple of ``lanes``):
+        lane r of entry [g, i, v] holds the top ``kept_bits`` bits of (v x^(8 i)) G_j,
+        j = start + g lanes + r, in the lane order of the machine's bytes (rows past
+        ``stop``: 0)."""
+        groups = -(-(stop - start) // self.lanes)
+        multipliers = np.zeros(groups * self.lanes, dtype=np.int64)
+        multipliers[: stop - start] = self.multipliers[start:stop]
+        tables = np.zeros((4, 256, multipliers.size), dtype=np.int64)
+        power = multipliers  # G_j x^(8 i + t)
+        for byte in range(4):
+            for bit in range(8):  # entries v < 2^(bit + 1) from those below 2^bit
+                tables[byte, 1 << bit : 2 << bit] = tables[byte, : 1 << bit] ^ power
+                power = _times_x(power)
+        tables >>= 32 - self.kept_bits
+        lanes = np.arange(self.lanes) if sys.byteorder == "little" else np.arange(self.lanes)[::-1]
+        shifts = (lanes * self.lane_bits).astype(np.uint64)
+        lanes_last = tables.astype(np.uint64).reshape(4, 256, groups, self.lanes) << shifts
+        packed = np.bitwise_xor.reduce(lanes_last, axis=3)  # (4, 256, groups)
+        return np.ascontiguousarray(packed.transpose(2, 0, 1))

@@ -61,6 +61,7 @@ __all__ = [
     "MemoStreams",
     "SimulatedMemo",
     "memo_scope",
+    "splitmix64",
 ]
 
 #: Domain separation of the memo streams from every other use of a device secret.
@@ -158,7 +159,7 @@ class _KeyedStreams(MemoStreams):
         return out
 
 
-def _splitmix(x: np.ndarray) -> np.ndarray:
+def splitmix64(x: np.ndarray) -> np.ndarray:
     """SplitMix64's finalizer (a bijection of uint64 with full avalanche), vectorized and in
     place (``x`` is overwritten and returned: no temporaries beyond one scratch array)."""
     scratch = np.empty_like(x)
@@ -197,11 +198,11 @@ class SimulatedMemo(Memo):
 
     def open(self, purpose: bytes, keys: np.ndarray) -> MemoStreams:
         tag = int.from_bytes(keyed_stream(b"simulated memo seed", purpose, 8), "little")
-        state = _splitmix(np.full(self.size, np.uint64(self._seed ^ tag)))
+        state = splitmix64(np.full(self.size, np.uint64(self._seed ^ tag)))
         state ^= self._devices
-        state = _splitmix(state)
+        state = splitmix64(state)
         state ^= keys.astype(np.uint64)
-        return _SimulatedStreams(_splitmix(state))
+        return _SimulatedStreams(splitmix64(state))
 
 
 class _SimulatedStreams(MemoStreams):
@@ -213,7 +214,7 @@ class _SimulatedStreams(MemoStreams):
             # h + (start + j + 1) G for j = 0..count-1, one row per stream.
             offsets = np.arange(1, count + 1, dtype=np.uint64) * _GOLDEN
             base = self._state[rows] + starts.astype(np.uint64) * _GOLDEN
-            return _splitmix(np.add.outer(base, offsets))
+            return splitmix64(np.add.outer(base, offsets))
 
 
 class FreshMemo(Memo):

@@ -44,7 +44,7 @@ CategoricalName: TypeAlias = Literal[
     "grr", "sue", "oue", "olh", "hr", "auto", "lgrr", "lsue", "loue", "losue", "dbitflip"
 ]
 NumericName: TypeAlias = Literal["laplace", "duchi", "piecewise", "onebitmean"]
-StringName: TypeAlias = Literal["rappor"]
+StringName: TypeAlias = Literal["rappor", "cms", "hcms", "pem", "sfp"]
 MechanismName: TypeAlias = Literal[
     "grr",
     "sue",
@@ -62,6 +62,10 @@ MechanismName: TypeAlias = Literal[
     "piecewise",
     "onebitmean",
     "rappor",
+    "cms",
+    "hcms",
+    "pem",
+    "sfp",
 ]
 
 #: Names of metrics and federated tasks: lower-case letters, digits, '.', '_' and '-',
@@ -74,6 +78,15 @@ NUMERIC_MECHANISMS: frozenset[str] = frozenset(NumericName.__args__)  # type: ig
 STRING_MECHANISMS: frozenset[str] = frozenset(StringName.__args__)  # type: ignore[attr-defined]
 #: The fields only ``rappor`` takes, and that ``rappor`` requires.
 RAPPOR_FIELDS: tuple[str, ...] = ("num_bits", "num_hashes", "num_cohorts", "f", "p", "q")
+#: Open-domain string mechanisms that keep a k x m count sketch (``sketch_width`` m,
+#: ``sketch_depth`` k): Apple's Count Mean Sketch, its Hadamard variant, and SFP's.
+SKETCH_MECHANISMS: frozenset[str] = frozenset({"cms", "hcms", "sfp"})
+#: String mechanisms that find heavy hitters without candidates (``max_length`` bytes).
+DISCOVERY_MECHANISMS: frozenset[str] = frozenset({"pem", "sfp"})
+#: Largest count sketch: sketch_depth * sketch_width counts (32 MiB of int64).
+MAX_SKETCH_CELLS = 1 << 22
+#: Longest string a discovery mechanism takes (UTF-8 bytes).
+MAX_STRING_BYTES = 256
 #: Memoized (longitudinal) mechanisms: ``epsilon`` bounds what any number of reports of one
 #: value reveal, ``epsilon_report`` what one report reveals.
 MEMOIZED_MECHANISMS: frozenset[str] = frozenset(
@@ -176,6 +189,12 @@ class MechanismSpec(BaseModel):
     (``rappor_epsilon_one``): omit it and it is filled in; give it and it must
     agree (relative 1e-9). Every other mechanism requires ``epsilon``.
 
+    Open-domain strings: ``cms`` and ``hcms`` (Apple's Count Mean Sketch and its Hadamard
+    variant) take ``epsilon``, ``sketch_width`` (m; a power of two for ``hcms``) and
+    ``sketch_depth`` (k) and answer the frequency of any candidate string; ``pem`` (prefix
+    extension) and ``sfp`` (Apple's Sequence Fragment Puzzle, with a sketch too) take
+    ``max_length`` (UTF-8 bytes) and find the most frequent strings without candidates.
+
     Memoized (longitudinal) mechanisms, for values reported again and again: categorical
     ``lgrr``, ``lsue``, ``loue``, ``losue`` and ``dbitflip``, numeric ``onebitmean``.
     Their ``epsilon`` is the lifetime bound per distinct value (what any number of
@@ -255,6 +274,24 @@ class MechanismSpec(BaseModel):
         allow_inf_nan=False,
         description="RAPPOR: P(reported 1 | permanent bit 1).",
     )
+    sketch_width: int | None = Field(
+        default=None,
+        ge=2,
+        le=MAX_SKETCH_CELLS,
+        description="cms, hcms, sfp: columns m of the count sketch (hcms: a power of two).",
+    )
+    sketch_depth: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_SKETCH_CELLS,
+        description="cms, hcms, sfp: hash functions k, the rows of the count sketch.",
+    )
+    max_length: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_STRING_BYTES,
+        description="pem, sfp: the longest string (UTF-8 bytes) a device may report.",
+    )
     epsilon_report: float | None = Field(
         default=None,
         ge=MIN_EPSILON,
@@ -298,6 +335,9 @@ class MechanismSpec(BaseModel):
         "epsilon_report",
         "bits_per_device",
         "flip_probability",
+        "sketch_width",
+        "sketch_depth",
+        "max_length",
         mode="before",
     )
     @classmethod
@@ -309,10 +349,13 @@ class MechanismSpec(BaseModel):
     @model_validator(mode="after")
     def _fits_mechanism(self) -> MechanismSpec:
         name = self.mechanism
-        if name in STRING_MECHANISMS:
+        if name == "rappor":
             return self._fits_rappor()
         if self.epsilon is None:
             raise ValueError(f"epsilon is required for the {name!r} mechanism")
+        self._fits_open_strings()
+        if name in STRING_MECHANISMS:
+            return self
         for field in RAPPOR_FIELDS:
             if getattr(self, field) is not None:
                 raise ValueError(f"{field} applies only to the 'rappor' mechanism, not {name!r}")
@@ -347,6 +390,60 @@ class MechanismSpec(BaseModel):
                     f"not {name!r}"
                 )
         return self
+
+    def _fits_open_strings(self) -> None:
+        """The fields of the open-domain string mechanisms: required where they apply,
+        refused elsewhere; the numeric, categorical and memoized fields refused for them."""
+        name = self.mechanism
+        owners = {
+            "sketch_width": SKETCH_MECHANISMS,
+            "sketch_depth": SKETCH_MECHANISMS,
+            "max_length": DISCOVERY_MECHANISMS,
+        }
+        for field, names in owners.items():
+            if name in names and getattr(self, field) is None:
+                raise ValueError(f"{field} is required for the {name!r} mechanism")
+            if name not in names and getattr(self, field) is not None:
+                raise ValueError(
+                    f"{field} applies only to the {', '.join(map(repr, sorted(names)))} "
+                    f"mechanisms, not {name!r}"
+                )
+        if name not in STRING_MECHANISMS:
+            return
+        for field in (
+            "domain_size",
+            "lower",
+            "upper",
+            "grid_steps",
+            *RAPPOR_FIELDS,
+            "epsilon_report",
+            "bits_per_device",
+            "flip_probability",
+        ):
+            if getattr(self, field) is not None:
+                raise ValueError(f"{field} does not apply to the {name!r} mechanism")
+        if name in SKETCH_MECHANISMS:
+            assert self.sketch_width is not None and self.sketch_depth is not None
+            cells = self.sketch_width * self.sketch_depth
+            if cells > MAX_SKETCH_CELLS:
+                raise ValueError(
+                    f"sketch_depth * sketch_width = {cells} counts exceeds {MAX_SKETCH_CELLS}; "
+                    "use a smaller sketch"
+                )
+            if name in ("hcms", "sfp") and self.sketch_width & (self.sketch_width - 1):
+                raise ValueError(
+                    f"sketch_width must be a power of two for {name!r} (a Hadamard "
+                    f"transform's size), got {self.sketch_width}"
+                )
+            if name == "sfp":
+                assert self.max_length is not None
+                sketches = (self.max_length + 1) // 2 + 1
+                if sketches * cells > MAX_SKETCH_CELLS:
+                    raise ValueError(
+                        f"sfp keeps ceil(max_length / 2) + 1 = {sketches} sketches of "
+                        f"sketch_depth * sketch_width = {cells} counts: {sketches * cells} "
+                        f"exceeds {MAX_SKETCH_CELLS}; use a smaller sketch or max_length"
+                    )
 
     def _fits_memoization(self) -> None:
         """Check the memoized mechanisms' fields, and fill in what they derive (frozen model:
@@ -414,6 +511,9 @@ class MechanismSpec(BaseModel):
             "epsilon_report",
             "bits_per_device",
             "flip_probability",
+            "sketch_width",
+            "sketch_depth",
+            "max_length",
         ):
             if getattr(self, field) is not None:
                 raise ValueError(f"{field} does not apply to the {name!r} mechanism")
@@ -602,6 +702,12 @@ PAYLOAD_SCHEMAS: list[dict[str, Any]] = [
     _payload_schema("HashPayload", a=_INTEGER, b=_INTEGER, value=_INTEGER),
     _payload_schema("RapporPayload", cohort=_INTEGER, bits=_BASE64),
     _payload_schema("BucketBitsPayload", buckets=_BASE64, bits=_BASE64),
+    _payload_schema("SketchBitsPayload", row=_INTEGER, bits=_BASE64),
+    _payload_schema("SketchSignPayload", row=_INTEGER, column=_INTEGER, bit=_INTEGER),
+    _payload_schema("PrefixPayload", group=_INTEGER, seed=_INTEGER, value=_INTEGER),
+    _payload_schema(
+        "FragmentPayload", kind=_INTEGER, position=_INTEGER, row=_INTEGER, bits=_BASE64
+    ),
 ]
 
 
@@ -629,7 +735,13 @@ class Report(BaseModel):
             "oue, lsue, loue, losue: numpy.packbits bytes), {'a', 'b', 'value'} (olh), "
             "{'cohort': int, 'bits': base64} (rappor: bit i is bit i % 8 of byte i // 8), "
             "{'buckets': base64 of little-endian uint32 bucket indices, 'bits': base64 of "
-            "numpy.packbits bytes, one bit per bucket} (dbitflip)."
+            "numpy.packbits bytes, one bit per bucket} (dbitflip), {'row': int, 'bits': "
+            "base64 of the sketch_width signs as numpy.packbits bytes, 1 for +1} (cms), "
+            "{'row': int, 'column': int, 'bit': 0 or 1} (hcms: a Hadamard coefficient's "
+            "sign), {'group': int, 'seed': int, 'value': int} (pem: the group's prefix "
+            "hashed by the seed, then randomized over the buckets), {'kind': 0 or 1, "
+            "'position': int, 'row': int, 'bits': base64} (sfp: a cms report of the whole "
+            "string, kind 0 at position 0, or of the fragment at a position, kind 1)."
         ),
         json_schema_extra=cast(JsonDict, {"anyOf": PAYLOAD_SCHEMAS}),
     )

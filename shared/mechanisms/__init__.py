@@ -29,8 +29,11 @@ from shared.mechanisms.memoized import MemoizedMechanism
 from shared.mechanisms.numeric import NumericMechanism
 from shared.mechanisms.olh import OptimizedLocalHashing
 from shared.mechanisms.onebitmean import OneBitMean
+from shared.mechanisms.pem import PrefixExtendingMethod
 from shared.mechanisms.piecewise import PiecewiseMechanism
 from shared.mechanisms.rappor import Rappor, RapporEstimate
+from shared.mechanisms.sfp import SequenceFragmentPuzzle
+from shared.mechanisms.sketch import CountMeanSketch, HadamardCountMeanSketch
 from shared.mechanisms.unary import OptimizedUnaryEncoding, SymmetricUnaryEncoding
 from shared.schemas import MechanismSpec
 
@@ -52,6 +55,10 @@ MECHANISMS: dict[str, type[Mechanism]] = {
         LongitudinalSUE,
         LongitudinalOUE,
         LongitudinalOSUE,
+        CountMeanSketch,
+        HadamardCountMeanSketch,
+        PrefixExtendingMethod,
+        SequenceFragmentPuzzle,
     )
 }
 
@@ -60,7 +67,10 @@ def make_mechanism(spec: MechanismSpec) -> Mechanism:
     """Build the mechanism a spec names (``auto`` resolves to a concrete one)."""
     if spec.mechanism == "auto":
         return resolve_auto(spec)
-    return MECHANISMS[spec.mechanism](spec)
+    cls = MECHANISMS.get(spec.mechanism)
+    if cls is None:
+        raise ValueError(f"the {spec.mechanism!r} mechanism is not available in this version")
+    return cls(spec)
 
 
 __all__ = [

@@ -28,7 +28,7 @@ the one wanted, flip the lowest set bit of r in y. Flipping is a bijection
 between S_v and its complement, so y is uniform on the chosen half.
 
 Aggregation: the histogram h of the reports, then one fast Walsh-Hadamard
-transform, since (H h)[r] = #{y in S_v} - #{y not in S_v}; so
+transform (``shared.hadamard``), since (H h)[r] = #{y in S_v} - #{y not in S_v}; so
 C_v = (n + (H h)[v + 1]) / 2. O(n + K log K).
 
 Report: the index y (int64). Payload: ``{"value": int}``.
@@ -43,6 +43,7 @@ from functools import cached_property
 
 import numpy as np
 
+from shared.hadamard import walsh_hadamard
 from shared.mechanisms.base import IndexReports, as_index_array
 from shared.mechanisms.categorical import (
     CategoricalMechanism,
@@ -61,20 +62,6 @@ from shared.statistics import CountStatistics
 
 #: Cells (values x outputs) of one block of ``simulate_statistics``'s multinomials.
 _SIMULATION_CELLS = 1 << 22
-
-
-def walsh_hadamard(vector: np.ndarray) -> np.ndarray:
-    """The Sylvester-Hadamard transform H x of a length-2^k vector, in k vectorized passes."""
-    result = np.array(vector, dtype=np.int64, copy=True)
-    size = result.size
-    half = 1
-    while half < size:
-        blocks = result.reshape(-1, 2, half)
-        top = blocks[:, 0, :].copy()
-        blocks[:, 0, :] += blocks[:, 1, :]
-        blocks[:, 1, :] = top - blocks[:, 1, :]
-        half *= 2
-    return result
 
 
 class HadamardResponse(IndexReports, CategoricalMechanism):

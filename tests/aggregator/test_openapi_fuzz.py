@@ -66,6 +66,9 @@ CROSS_FIELD_RULES = {
     "PUT /v1/metrics/{name}",
     "POST /v1/reports",
     "GET /v1/metrics/{name}/estimate",
+    # Heavy hitters only for discovery metrics (pem, sfp): a schema-valid k for another
+    # metric is rightly a 422.
+    "GET /v1/metrics/{name}/heavy-hitters",
     # A task's config has cross-field rules (clients per round within the population, a
     # noise multiplier or a target, an evaluation set that fits the model), and an update
     # must fit the task's model (base64 of num_params float64 values, finite, in norm).
@@ -83,7 +86,9 @@ def needed_role(case: schemathesis.Case) -> str | None:
         return None
     if path == "/v1/reports" or path.endswith(("/round", "/updates")):
         return "device"
-    if path.endswith("/estimate") or (path.startswith("/v1/federated") and method == "GET"):
+    if path.endswith(("/estimate", "/heavy-hitters")) or (
+        path.startswith("/v1/federated") and method == "GET"
+    ):
         return "analyst"
     return "admin"
 

@@ -93,6 +93,19 @@ STRING_CASES: dict[str, tuple[dict[str, Any], ...]] = {
         )
     ),
 }
+STRING_CASES["cms"] = tuple(
+    {"epsilon": eps, "sketch_width": m, "sketch_depth": k}
+    for eps, m, k in ((0.5, 3, 2), (2.3, 4, 2), (5.0, 2, 3), (1.0, 5, 1))
+)
+STRING_CASES["hcms"] = tuple(
+    {"epsilon": eps, "sketch_width": m, "sketch_depth": k}
+    for eps, m, k in ((0.5, 4, 2), (2.3, 2, 3), (5.0, 8, 2), (1.0, 16, 1))
+)
+STRING_CASES["pem"] = tuple({"epsilon": eps, "max_length": 1} for eps in (0.5, 1.0, 1.8))
+STRING_CASES["sfp"] = tuple(
+    {"epsilon": eps, "max_length": length, "sketch_width": m, "sketch_depth": k}
+    for eps, length, m, k in ((0.5, 1, 2, 1), (2.3, 2, 2, 2), (5.0, 3, 4, 1))
+)
 #: Every wire name a spec may carry: the registry plus ``auto``.
 NAMES = (*sorted(MECHANISMS), "auto")
 
@@ -218,7 +231,11 @@ def test_rows_are_distributions(spec: MechanismSpec) -> None:
     assert np.all(matrix >= 0)
     if spec.is_categorical:
         assert matrix.shape[0] == spec.domain_size
-    if spec.kind == "string":  # every Bloom filter with 1..h of k bits set, by every report
+    if spec.mechanism in ("cms", "hcms"):  # every tuple of columns, by every report
+        m, k = spec.sketch_width, spec.sketch_depth
+        assert m is not None and k is not None
+        assert matrix.shape == (m**k, k * (2**m if spec.mechanism == "cms" else 2 * m))
+    elif spec.mechanism == "rappor":  # every Bloom filter with 1..h of k bits set, by every report
         k, h = spec.num_bits, spec.num_hashes
         assert k is not None and h is not None
         assert matrix.shape == (sum(math.comb(k, size) for size in range(1, h + 1)), 2**k)

@@ -56,6 +56,24 @@ STRING_CONFIGS = (
     (32, 16, 5, 0.9, 0.0, 1.0),
     (130, 4, 7, 0.2, 0.1, 0.9),
 )
+#: Spec fields of the open-domain string mechanisms. Sketches (sketch_width, sketch_depth):
+#: one row, padding bits, k > m. Discovery: max_length at least the 32 UTF-8 bytes of the
+#: longest value drawn (8 characters).
+OPEN_CONFIGS: dict[str, tuple[dict[str, int], ...]] = {
+    "cms": tuple(
+        {"sketch_width": m, "sketch_depth": k}
+        for m, k in ((2, 1), (13, 3), (64, 8), (3, 40), (130, 2), (8, 5))
+    ),
+    "hcms": tuple(
+        {"sketch_width": m, "sketch_depth": k}
+        for m, k in ((2, 1), (16, 3), (64, 8), (4, 40), (128, 2), (8, 5))
+    ),
+    "pem": ({"max_length": 32}, {"max_length": 40}, {"max_length": 64}),
+    "sfp": (
+        {"max_length": 32, "sketch_width": 64, "sketch_depth": 8},
+        {"max_length": 33, "sketch_width": 16, "sketch_depth": 3},
+    ),
+}
 #: Device secrets the string mechanisms' reports are drawn from (few: PRRs repeat).
 SECRETS = tuple(bytes([i]) * 16 for i in range(3))
 EPSILONS = (0.5, 1.0, 2.3, 5.0)
@@ -78,6 +96,11 @@ def build(name: str, epsilon: float, domain_size: int) -> Mechanism[Any, Any]:
     A string mechanism ignores ``epsilon`` (its parameters imply it) and takes
     ``STRING_CONFIGS[domain_size % len(STRING_CONFIGS)]``.
     """
+    if name in OPEN_CONFIGS:
+        fields = OPEN_CONFIGS[name][domain_size % len(OPEN_CONFIGS[name])]
+        return make_mechanism(
+            MechanismSpec.model_validate({"mechanism": name, "epsilon": epsilon, **fields})
+        )
     if name in STRING_MECHANISMS:
         k, h, m, f, p, q = STRING_CONFIGS[domain_size % len(STRING_CONFIGS)]
         spec = MechanismSpec(mechanism=name, num_bits=k, num_hashes=h, num_cohorts=m, f=f, p=p, q=q)
@@ -134,6 +157,8 @@ def encode_with(mech: Mechanism[Any, Any], values: np.ndarray, rng: Any, seed: i
     strings = np.asarray(values)
     if strings.dtype.kind != "O":
         strings = strings.astype(str).astype(object)
+    if mech.name in OPEN_CONFIGS:
+        return mech.encode(strings, rng=rng)
     count = strings.shape[0] if strings.ndim else 0
     picks = np.random.default_rng(seed)
     assert mech.spec.num_cohorts is not None
@@ -369,6 +394,47 @@ def out_of_range_updates(mech: Mechanism[Any, Any]) -> list[dict[str, Any]]:
             padded = bytes(row - 1) + bytes([1 << (k % 8)])
             updates.append({"bits": base64.b64encode(padded).decode()})
         return updates
+    if name == "cms":
+        k, m = mech.spec.sketch_depth or 0, mech.spec.sketch_width or 0
+        row = (m + 7) // 8
+        updates = [
+            {"row": k},
+            {"row": -1},
+            {"bits": base64.b64encode(bytes(row + 1)).decode()},
+            {"bits": "not base64!"},
+        ]
+        if m % 8:
+            updates.append(
+                {"bits": base64.b64encode(bytes(row - 1) + bytes([0x80 >> (m % 8)])).decode()}
+            )
+        return updates
+    if name == "pem":
+        groups, seeds, buckets = mech.groups, mech.seeds, mech.buckets  # type: ignore[attr-defined]
+        return [
+            {"group": groups},
+            {"group": -1},
+            {"seed": seeds},
+            {"seed": -1},
+            {"value": buckets},
+            {"value": -1},
+        ]
+    if name == "sfp":
+        k, m = mech.spec.sketch_depth or 0, mech.spec.sketch_width or 0
+        positions = ((mech.spec.max_length or 0) + 1) // 2
+        row = (m + 7) // 8
+        return [
+            {"kind": 2},
+            {"kind": -1},
+            {"kind": 1, "position": positions},
+            {"position": -1},
+            {"row": k},
+            {"row": -1},
+            {"bits": base64.b64encode(bytes(row + 1)).decode()},
+            {"bits": "not base64!"},
+        ]
+    if name == "hcms":
+        k, m = mech.spec.sketch_depth or 0, mech.spec.sketch_width or 0
+        return [{"row": k}, {"row": -1}, {"column": m}, {"column": -1}, {"bit": 2}, {"bit": -1}]
     if name == "dbitflip":  # s sorted distinct little-endian uint32 buckets, s packed bits
         s = mech.spec.bits_per_device or 1
 

@@ -41,6 +41,18 @@ def valid_fields(name: str) -> dict[str, Any]:
         return {"mechanism": name, "epsilon": 1.0, "epsilon_report": MIN_EPSILON, "domain_size": 4}
     if name in CATEGORICAL_MECHANISMS:
         return {"mechanism": name, "epsilon": 1.0, "domain_size": 4}
+    if name in ("cms", "hcms"):
+        return {"mechanism": name, "epsilon": 1.0, "sketch_width": 64, "sketch_depth": 4}
+    if name == "pem":
+        return {"mechanism": name, "epsilon": 1.0, "max_length": 8}
+    if name == "sfp":
+        return {
+            "mechanism": name,
+            "epsilon": 1.0,
+            "sketch_width": 64,
+            "sketch_depth": 4,
+            "max_length": 8,
+        }
     if name in STRING_MECHANISMS:  # epsilon is derived from (num_hashes, f, p, q)
         return {
             "mechanism": name,
@@ -440,3 +452,45 @@ def test_onebitmean_flip_probability_range() -> None:
     # A flip so close to 1/2 that one report would carry (almost) nothing is refused.
     assert_refused({**fields, "flip_probability": 0.49999}, "flip_probability")
     assert MechanismSpec(**{**fields, "grid_steps": 4}).grid_steps == 4
+
+
+# --- open-domain strings -------------------------------------------------------------------
+
+OPEN_STRINGS = ("cms", "hcms", "pem", "sfp")
+
+
+@pytest.mark.parametrize("name", OPEN_STRINGS)
+def test_open_string_specs_need_their_fields(name: str) -> None:
+    fields = valid_fields(name)
+    assert MechanismSpec(**fields).kind == "string"
+    for field in ("epsilon", "sketch_width", "sketch_depth", "max_length"):
+        if field in fields:
+            assert_refused({k: v for k, v in fields.items() if k != field}, field)
+
+
+@pytest.mark.parametrize("name", OPEN_STRINGS)
+@pytest.mark.parametrize(
+    "field, value",
+    [("domain_size", 4), ("lower", 0.0), ("num_bits", 8), ("epsilon_report", 0.5)],
+)
+def test_open_string_specs_refuse_other_fields(name: str, field: str, value: Any) -> None:
+    assert_refused({**valid_fields(name), field: value}, field)
+
+
+@pytest.mark.parametrize("name", ["grr", "laplace", "rappor"])
+@pytest.mark.parametrize("field", ["sketch_width", "sketch_depth", "max_length"])
+def test_sketch_fields_apply_only_to_open_strings(name: str, field: str) -> None:
+    assert_refused({**valid_fields(name), field: 8}, field)
+
+
+def test_sketch_sizes_are_bounded() -> None:
+    assert_refused({**valid_fields("cms"), "sketch_width": 1 << 20, "sketch_depth": 8}, "sketch")
+    assert_refused({**valid_fields("hcms"), "sketch_width": 100}, "power of two")
+    assert_refused({**valid_fields("sfp"), "sketch_width": 100}, "power of two")
+    # sfp keeps ceil(max_length / 2) + 1 sketches.
+    assert_refused(
+        {**valid_fields("sfp"), "sketch_width": 1 << 16, "sketch_depth": 8, "max_length": 16},
+        "sketches",
+    )
+    assert_refused({**valid_fields("pem"), "max_length": 0}, "max_length")
+    assert_refused({**valid_fields("pem"), "max_length": 257}, "max_length")

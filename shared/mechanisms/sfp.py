@@ -1,0 +1,696 @@
+"""Apple's Sequence Fragment Puzzle (``sfp``): frequent open-domain strings found without
+candidates, from fragments that carry a short hash of their whole string.
+
+Apple Differential Privacy Team, "Learning with Privacy at Scale" (2017), the Sequence
+Fragment Puzzle (SFP) for discovering new words: a device privatizes a two-character
+fragment of its word together with an 8-bit hash of the whole word, and the word itself,
+each into a Count Mean Sketch (CMS); the server finds the frequent (hash, fragment) pairs
+at every position, fits fragments that share a hash together like a puzzle, and looks the
+assembled words up in the whole-word sketch. Here the sketch is ``cms``
+(``shared.mechanisms.sketch.CountMeanSketch``, its hash family ``shared.hashing.SketchHash``)
+at the spec's ``epsilon``, k = ``sketch_depth`` and m = ``sketch_width`` (a power of two).
+
+Values. A string is its UTF-8 bytes padded with 0xFF (a byte UTF-8 never uses, so the
+padding is unambiguous) to 2P bytes, P = ceil(max_length / 2) fragment positions;
+position l (0..P-1) holds bytes 2l and 2l + 1. Its tag is
+
+    t(s) = byte 0 of SHA-256("LDP sfp tag v1" || 0x00 || UTF-8(s)),
+
+and its fragment key at position l is the 24-bit x = t(s) 2^16 + b_{2l} 2^8 + b_{2l+1}.
+
+Device, one report per value with fresh randomness. A slot is drawn uniformly from the
+P + 1 sketches: slot 0 (probability 1/(P + 1)) sends the whole string into the whole-string
+sketch, slot 1 + l the fragment key at position l into that position's fragment sketch.
+Either way the report is one ``cms`` report (a row J uniform on 0..k-1 and the m bits of
+the one-hot vector of the key's column in row J, each flipped with probability
+1/(1 + e^(eps/2))) together with the slot, as (kind, position): kind 0 for the whole
+string (position 0), kind 1 for a fragment at ``position``.
+
+Privacy budget. Apple's device sends both the fragment and the word, each at eps/2, eps
+in all by composition. Here a report is either one or the other, at the full eps: the
+slot is drawn independently of the value and is public, and given the slot the report is
+a ``cms`` report, eps-LDP whatever its key (two keys' one-hot vectors differ in at most two
+coordinates: the ratio is ((1 - F)/F)^2 = e^eps, F the certified flip probability). So
+each report is eps-LDP, tightly (``transition_matrix``). Splitting devices instead of
+the budget is also the more accurate choice at the epsilons SFP is used at: a ``cms``
+estimate from N reports has variance about s0(eps)/N, s0 = e^(eps/2)/(e^(eps/2) - 1)^2,
+which at eps = 4 is 0.18/N for N = n/(P + 1) reports at eps against 0.92/N for N = n at
+eps/2 (fragments always gain; the whole string too while P <= 4).
+
+Fragment fingerprints. The whole string enters its sketch as ``cms`` hashes it: a
+SHA-256 fingerprint (a, b) and row j's column from a XOR b G_j in GF(2^32), G_j the
+family's row multipliers. A fragment key x enters its sketch with the fingerprint
+
+    a(x) = a0 XOR (XOR of A_i over the bits i set in x),
+    b(x) = b0 XOR (XOR of B_i over the bits i set in x),
+
+a0, b0, A_0..A_23, B_0..B_23 the 50 big-endian 32-bit words of
+SHAKE-256("LDP sfp fragment v1" || 0x00) (200 bytes, in that order), and then the same
+rows: column h_j(x) = top w bits of a(x) XOR b(x) G_j, m = 2^w. Modelling the words as
+uniform, the maps x -> (a(x), b(x)) are uniform random affine maps, so for distinct keys
+x, x', x'' the differences (a(x) XOR a(x'), b(x) XOR b(x')) and (a(x) XOR a(x''),
+b(x) XOR b(x'')) are independent and uniform (x XOR x' and x XOR x'' are distinct and
+nonzero, hence linearly independent): collisions are pairwise independent across rows,
+each with probability kappa = 1/m, and independent across the other keys, which is all
+the ``cms`` estimate and its variance rest on. Multiplying by G_j is GF(2)-linear, so
+every row's a(x) XOR b(x) G_j is affine in x as well, which makes decoding cheap.
+
+Server. The sufficient statistics are the P + 1 ``cms`` statistics (k (m + 1) counts
+each: per row its reports R_j and bit sums S_jc) concatenated, whole string first, then
+positions 0..P-1: a ``CountStatistics`` of (P + 1) k (m + 1) counts whatever n is, merged
+by addition. A sketch's reports are its R_j summed.
+
+Fragment decoding, all 2^24 keys of a position at once. With the debiased sketch
+A[j, c] = scale S_jc + o_j (``cms``), a key's sum is Z(x) = sum_j A[j, h_j(x)] and its
+share of the position's n_l reports phi(x) = (Z(x)/n_l - kappa)/(1 - kappa), the ``cms``
+estimate. Since h_j(x) = e_j XOR C_j x for a w x 24 matrix C_j over GF(2), writing row j
+of S through its Walsh-Hadamard transform S^_j(omega) = sum_c S_jc (-1)^(omega.c) gives
+
+    sum_j S[j, h_j(x)] = (1/m) sum_z Gamma(z) (-1)^(z.x),
+    Gamma(z) = sum over (j, omega) with C_j^T omega = z of S^_j(omega) (-1)^(omega.e_j),
+
+one scatter of the k m transformed counts and one Walsh-Hadamard transform of length 2^24
+(``shared.hadamard``): O(k m log m + 24 2^24) per position, whatever k, instead of k 2^24
+lookups (float64, exact up to rounding far below one count).
+
+Selection. The pool is the keys whose phi exceeds z sigma_p, sigma_p the ``cms`` standard
+error of a key no device holds without the hash-collision term and z the normal quantile
+that lets about ``FALSE_FRAGMENTS`` of the 2^24 null keys through (at most ``MAX_POOL``
+keys, the largest). Among 2^24 keys many share their column, in some rows, with a much
+heavier key (about 1/m of them in each row), and their sums carry a share of its reports.
+So the pool is confirmed in decreasing order of phi, in batches: a key's clean rows R are
+those where its column is not that of a key confirmed before it; its phi is recomputed
+from them, with (k/|R|) sum_{j in R} A[j, h_j(x)] in place of Z(x), which holds no share
+of those keys' reports and has about k/|R| times the variance; it is confirmed if that
+exceeds z sigma sqrt(k/|R|), sigma the ``cms`` standard error at f = 0 with the collision
+term of the mass not yet confirmed (F = F2^ - sum of the confirmed phi^2, F2^ the
+sketch's second-moment estimate). A key with no clean row cannot be told from the keys it
+shares every column with, and is judged as they are, on all rows. Keys x, x' share every
+row when C_j (x XOR x') = 0 for all j: each key has 2^(24 - r) - 1 such twins, r the rank
+of the C_j stacked, so none once r = 24, as it is for random row maps with k w well
+above 24. At most ``MAX_FRAGMENTS`` keys per position are kept. Apple thresholds the
+fragment sketches likewise; the domain is not shrunk to an alphabet, every byte pair is
+tested.
+
+Puzzle. For each tag t kept at every position, every choice of one kept fragment with
+tag t per position is a candidate (when there are more than ``MAX_COMBINATIONS``, the
+best fragments of each position are kept, as many per position as fit). A candidate
+stays if its bytes are well-formed UTF-8 followed only by padding
+(``shared.mechanisms.strings.well_formed_prefixes``) and its own tag is t (a wrong assembly
+passes with probability 1/256). The survivors are estimated in the whole-string sketch
+and the k largest estimates are the heavy hitters (``heavy_hitters``).
+
+Estimates. ``estimate(stats, candidates)`` is the ``cms`` estimate from the n_0
+whole-string reports. Each device is in slot 0 independently with probability
+1/(P + 1), so given n_0 the slot-0 devices are a uniform sample of the n, and the estimate
+is unbiased for the frequency among all n devices, with variance
+
+    Var = Var_cms(n_0, f, F) + f (1 - f) (n - n_0) / (n_0 (n - 1)),
+
+the ``cms`` variance at n_0 reports (privacy noise and hash collisions, see
+``shared.mechanisms.sketch``) plus that of the sample (``std`` evaluates it at the
+estimate clipped to [0, 1]). ``variance(n)`` is the first term at f = 0, F = 0 and
+n_0 = n/(P + 1). Discovery and estimation use disjoint reports (fragments, whole
+strings), so given the set of candidates found, each candidate's estimate is unbiased with
+this std; the top k are chosen by these same estimates, so a string near the cut tends to
+be overestimated (the winner's curse), which ``std`` does not include.
+
+Simulation fast path: ``simulate_statistics(strings, counts, rng)``: the devices of each
+string are split over the slots multinomially, then each sketch is drawn by
+``CountMeanSketch.simulate_fingerprints`` from its strings' or fragment keys'
+fingerprints and device counts: the law of ``aggregate(encode(...))`` exactly, in
+O((P + 1) (k m + distinct strings x k)) whatever n is.
+
+Report: a structured array of dtype [("kind", int64), ("position", int64), ("row",
+int64), ("bits", uint8, ceil(m/8))], bits in ``np.packbits`` layout (bit c is bit
+7 - c % 8 of byte c // 8, padding 0). Payload ``{"kind": 0 or 1, "position": int,
+"row": int, "bits": base64 of the ceil(m/8) packed bytes}``: kind 0 (whole string) has
+position 0, kind 1 (fragment) a position in 0..P-1; row in 0..k-1.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import Sequence
+from functools import cached_property
+from statistics import NormalDist
+from typing import Any, ClassVar
+
+import numpy as np
+
+from shared.estimates import Estimate, HeavyHitters
+from shared.hadamard import walsh_hadamard
+from shared.hashing import gf32_multiply
+from shared.mechanisms.base import (
+    Mechanism,
+    as_index_array,
+    check_integer_field,
+    check_packed_rows,
+    decode_bits_field,
+)
+from shared.mechanisms.categorical import require_enumerable
+from shared.mechanisms.sketch import CountMeanSketch
+from shared.mechanisms.strings import (
+    PAD,
+    OpenStringMechanism,
+    factorize_utf8,
+    padded_matrix,
+    require_candidates,
+    string_population,
+    well_formed_prefixes,
+)
+from shared.memo import Memo
+from shared.randomness import Rng, as_source
+from shared.schemas import MAX_SKETCH_CELLS, MechanismSpec
+from shared.statistics import CountStatistics
+
+__all__ = [
+    "FRAGMENT_BITS",
+    "SequenceFragmentPuzzle",
+    "fragment_fingerprints",
+    "string_tags",
+]
+
+#: Domain separation of the tag hash and of the fragment fingerprint words.
+TAG_LABEL = b"LDP sfp tag v1\x00"
+FRAGMENT_LABEL = b"LDP sfp fragment v1\x00"
+#: Bits of a fragment key: an 8-bit tag and two bytes.
+FRAGMENT_BITS = 24
+#: Null keys (frequency 0) expected to pass a position's threshold by privacy noise alone.
+FALSE_FRAGMENTS = 16
+#: Most keys above the threshold confirmed per position, and most kept.
+MAX_POOL = 1 << 16
+MAX_FRAGMENTS = 4096
+#: Most candidates assembled for one tag.
+MAX_COMBINATIONS = 4096
+#: Most strings ``heavy_hitters`` returns.
+MAX_HEAVY_HITTERS = 256
+#: Largest batch of keys confirmed together.
+_CONFIRM_BATCH = 256
+
+
+def _fragment_words() -> tuple[int, int, np.ndarray, np.ndarray]:
+    """(a0, b0, A, B): the 50 words of SHAKE-256(FRAGMENT_LABEL), A and B 24 words each."""
+    words = np.frombuffer(
+        hashlib.shake_256(FRAGMENT_LABEL).digest(4 * (2 + 2 * FRAGMENT_BITS)), dtype=">u4"
+    ).astype(np.int64)
+    return int(words[0]), int(words[1]), words[2 : 2 + FRAGMENT_BITS], words[2 + FRAGMENT_BITS :]
+
+
+A0, B0, A_WORDS, B_WORDS = _fragment_words()
+
+
+def _byte_tables(words: np.ndarray) -> np.ndarray:
+    """(3, 256): entry [i, v] is the XOR of words[8 i + bit] over the bits set in v."""
+    bits = (np.arange(256)[:, None] >> np.arange(8)[None, :]) & 1  # (value, bit)
+    tables = np.zeros((3, 256), dtype=np.int64)
+    for byte in range(3):
+        for bit in range(8):
+            tables[byte] ^= bits[:, bit] * words[8 * byte + bit]
+    return tables
+
+
+_A_TABLES = _byte_tables(A_WORDS)
+_B_TABLES = _byte_tables(B_WORDS)
+
+
+def fragment_fingerprints(keys: np.ndarray) -> np.ndarray:
+    """(n, 2) int64: the fingerprints (a(x), b(x)) of 24-bit fragment keys (module
+    docstring, "Fragment fingerprints"), by byte tables."""
+    keys = np.asarray(keys, dtype=np.int64)
+    out = np.empty((keys.size, 2), dtype=np.int64)
+    for column, (start, tables) in enumerate(((A0, _A_TABLES), (B0, _B_TABLES))):
+        out[:, column] = (
+            start
+            ^ tables[0][keys & 0xFF]
+            ^ tables[1][(keys >> 8) & 0xFF]
+            ^ tables[2][(keys >> 16) & 0xFF]
+        )
+    return out
+
+
+def string_tags(raw: Sequence[bytes]) -> np.ndarray:
+    """t(s) = byte 0 of SHA-256(TAG_LABEL || s) for each UTF-8 string, as int64."""
+    return np.fromiter(
+        (hashlib.sha256(TAG_LABEL + value).digest()[0] for value in raw),
+        dtype=np.int64,
+        count=len(raw),
+    )
+
+
+class SequenceFragmentPuzzle(OpenStringMechanism, Mechanism[CountStatistics, Estimate]):
+    """Apple's SFP over ``cms`` sketches: one report per device, fragment or whole string."""
+
+    name = "sfp"
+    discovers: ClassVar[bool] = True
+    payload_fields = frozenset({"kind", "position", "row", "bits"})
+
+    def __init__(self, spec: MechanismSpec) -> None:
+        super().__init__(spec)
+        # guaranteed by MechanismSpec for "sfp":
+        assert spec.max_length is not None
+        assert spec.sketch_width is not None and spec.sketch_depth is not None
+        width, depth = spec.sketch_width, spec.sketch_depth
+        self.max_length: int = spec.max_length
+        self.positions: int = (spec.max_length + 1) // 2
+        if width & (width - 1):
+            raise ValueError(
+                f"sketch_width must be a power of two for 'sfp' (fragments are decoded by a "
+                f"Walsh-Hadamard transform), got {width}"
+            )
+        if (self.positions + 1) * depth * width > MAX_SKETCH_CELLS:
+            raise ValueError(
+                f"sfp keeps ceil(max_length / 2) + 1 = {self.positions + 1} sketches of "
+                f"sketch_depth * sketch_width = {depth * width} counts, more than "
+                f"{MAX_SKETCH_CELLS} in all; use a smaller sketch or max_length"
+            )
+        self.sketch = CountMeanSketch(
+            MechanismSpec(
+                mechanism="cms", epsilon=spec.epsilon, sketch_width=width, sketch_depth=depth
+            )
+        )
+        self.depth, self.width = depth, width
+        #: Counts of one sketch's statistics, k (m + 1).
+        self.block: int = depth * (width + 1)
+        self.report_dtype = np.dtype(
+            [
+                ("kind", "<i8"),
+                ("position", "<i8"),
+                ("row", "<i8"),
+                ("bits", np.uint8, (self.sketch.row_bytes,)),
+            ]
+        )
+
+    @property
+    def slots(self) -> int:
+        """P + 1: the whole-string sketch and one per fragment position."""
+        return self.positions + 1
+
+    @property
+    def cells(self) -> int:
+        """Length of the statistics: (P + 1) k (m + 1) counts."""
+        return self.slots * self.block
+
+    # -- device side -------------------------------------------------------------------
+
+    def encode(
+        self, values: Sequence[str] | np.ndarray, rng: Rng = None, memo: Memo | None = None
+    ) -> np.ndarray:
+        """One report per value (module docstring, "Device"). ``memo`` is not used: nothing
+        about a device is permanent here, every report draws its slot, row and noise afresh
+        from ``rng`` (``None``: the OS CSPRNG)."""
+        raw, codes = factorize_utf8(values, self.max_length)
+        source = as_source(rng)
+        slots = source.integers(self.slots, codes.size)
+        fragment = slots > 0
+        fingerprints = np.empty((codes.size, 2), dtype=np.int64)
+        if not fragment.all():
+            fingerprints[~fragment] = self.sketch.hash.fingerprints(raw)[codes[~fragment]]
+        if fragment.any():
+            keys = self.fragment_keys(raw)[codes[fragment], slots[fragment] - 1]
+            fingerprints[fragment] = fragment_fingerprints(keys)
+        inner = self.sketch.encode_fingerprints(fingerprints, source)
+        reports = np.empty(codes.size, dtype=self.report_dtype)
+        reports["kind"] = fragment
+        reports["position"] = np.maximum(slots - 1, 0)
+        reports["row"] = inner["row"]
+        reports["bits"] = inner["bits"]
+        return reports
+
+    def fragment_keys(self, raw: Sequence[bytes]) -> np.ndarray:
+        """(len(raw), P) int64: x = t 2^16 + b_2l 2^8 + b_2l+1 of each string at each l."""
+        padded = padded_matrix(raw, 2 * self.positions).astype(np.int64)
+        return (string_tags(raw)[:, None] << 16) | (padded[:, 0::2] << 8) | padded[:, 1::2]
+
+    # -- reports and statistics --------------------------------------------------------
+
+    def check_reports(self, reports: np.ndarray) -> np.ndarray:
+        array = np.asarray(reports)
+        if array.dtype != self.report_dtype or array.ndim != 1:
+            raise ValueError(
+                f"sfp reports must be a one-dimensional array of dtype {self.report_dtype}, "
+                f"got {array.dtype} {array.shape}"
+            )
+        kinds = as_index_array(array["kind"], 2, "report kind")
+        positions = array["position"]
+        bad = np.flatnonzero(
+            np.where(kinds == 1, (positions < 0) | (positions >= self.positions), positions != 0)
+        )
+        if bad.size:
+            row = int(bad[0])
+            raise ValueError(
+                f"report {row}: position {int(positions[row])} is invalid for kind "
+                f"{int(kinds[row])} (a whole string, kind 0, has position 0; a fragment, "
+                f"kind 1, a position in 0..{self.positions - 1})"
+            )
+        as_index_array(array["row"], self.depth, "report row")
+        check_packed_rows(array["bits"], self.width, "big", "sfp report")
+        return array
+
+    def to_payloads(self, reports: np.ndarray) -> list[dict[str, Any]]:
+        reports = self.check_reports(reports)
+        return [
+            {
+                "kind": kind,
+                "position": position,
+                "row": row,
+                "bits": base64.b64encode(bits.tobytes()).decode("ascii"),
+            }
+            for kind, position, row, bits in zip(
+                reports["kind"].tolist(),
+                reports["position"].tolist(),
+                reports["row"].tolist(),
+                reports["bits"],
+                strict=True,
+            )
+        ]
+
+    def from_payloads(self, payloads: list[dict[str, Any]]) -> np.ndarray:
+        reports = np.empty(len(payloads), dtype=self.report_dtype)
+        for field in ("kind", "position", "row"):
+            reports[field] = check_integer_field(payloads, field)
+        row_bytes = self.sketch.row_bytes
+        for i, payload in enumerate(payloads):
+            reports["bits"][i] = np.frombuffer(decode_bits_field(payload, i, row_bytes), "u1")
+        return self.check_reports(reports)
+
+    def empty_statistics(self) -> CountStatistics:
+        return CountStatistics.empty(self.cells)
+
+    def aggregate(self, reports: np.ndarray) -> CountStatistics:
+        """Each slot's reports aggregated by ``cms``, the P + 1 statistics concatenated."""
+        reports = self.check_reports(reports)
+        slots = np.where(reports["kind"] == 1, reports["position"] + 1, 0)
+        order = np.argsort(slots, kind="stable")
+        inner = np.empty(slots.size, dtype=self.sketch.report_dtype)
+        inner["row"] = reports["row"][order]
+        inner["bits"] = reports["bits"][order]
+        bounds = np.searchsorted(slots[order], np.arange(self.slots + 1))
+        indices: list[np.ndarray] = []
+        values: list[np.ndarray] = []
+        for slot in range(self.slots):
+            start, stop = int(bounds[slot]), int(bounds[slot + 1])
+            if stop > start:
+                cells, counts = self.sketch.aggregate(inner[start:stop]).nonzero()
+                indices.append(cells + slot * self.block)
+                values.append(counts)
+        empty = np.zeros(0, dtype=np.int64)
+        return CountStatistics.sparse(
+            slots.size,
+            self.cells,
+            np.concatenate([empty, *indices]),
+            np.concatenate([empty, *values]),
+        )
+
+    def blocks(self, stats: CountStatistics) -> list[CountStatistics]:
+        """The P + 1 ``cms`` statistics in ``stats`` (whole string, then positions 0..P-1),
+        each with its own report count; ValueError if ``stats`` is not this mechanism's."""
+        if not isinstance(stats, CountStatistics) or stats.length != self.cells:
+            raise ValueError(f"sfp statistics must be a CountStatistics of {self.cells} counts")
+        indices, values = stats.nonzero()
+        bounds = np.searchsorted(indices, np.arange(self.slots + 1) * self.block)
+        parts = []
+        for slot in range(self.slots):
+            start, stop = int(bounds[slot]), int(bounds[slot + 1])
+            cells, counts = indices[start:stop] - slot * self.block, values[start:stop]
+            reports = int(counts[cells % (self.width + 1) == 0].sum())
+            parts.append(CountStatistics.sparse(reports, self.block, cells, counts))
+        if sum(part.n for part in parts) != stats.n:
+            raise ValueError(
+                f"corrupt sfp statistics: the sketches hold {sum(part.n for part in parts)} "
+                f"reports, n = {stats.n}"
+            )
+        return parts
+
+    def statistics_from_bytes(self, data: bytes) -> CountStatistics:
+        """Deserialize, refusing statistics no reports could produce (each sketch checked as
+        ``cms`` checks its own, and their reports summing to n)."""
+        stats = super().statistics_from_bytes(data)
+        for part in self.blocks(stats):
+            self.sketch.statistics_from_bytes(part.to_bytes())
+        return stats
+
+    def simulate_statistics(
+        self, values: Sequence[str], counts: Sequence[int] | np.ndarray, rng: np.random.Generator
+    ) -> CountStatistics:
+        """The statistics of ``counts[i]`` devices reporting ``values[i]`` once each, with the
+        law of ``aggregate(encode(...))`` (module docstring, "Simulation fast path").
+        Simulation only: it takes a seeded numpy Generator."""
+        raw, totals = string_population(values, counts, rng, self.max_length)
+        per_slot = rng.multinomial(totals, np.full(self.slots, 1.0 / self.slots))
+        keys = self.fragment_keys(raw)
+        prints = [self.sketch.hash.fingerprints(raw)] + [
+            fragment_fingerprints(keys[:, position]) for position in range(self.positions)
+        ]
+        return self._concatenate(
+            [
+                self.sketch.simulate_fingerprints(fingerprints, per_slot[:, slot], rng)
+                for slot, fingerprints in enumerate(prints)
+            ]
+        )
+
+    def _concatenate(self, parts: Sequence[CountStatistics]) -> CountStatistics:
+        """One statistics of the P + 1 sketches' statistics, in slot order."""
+        indices = [part.nonzero()[0] + slot * self.block for slot, part in enumerate(parts)]
+        values = [part.nonzero()[1] for part in parts]
+        return CountStatistics.sparse(
+            sum(part.n for part in parts),
+            self.cells,
+            np.concatenate(indices),
+            np.concatenate(values),
+        )
+
+    # -- estimation --------------------------------------------------------------------
+
+    def estimate(  # type: ignore[override]  # strings are estimated against candidates
+        self, stats: CountStatistics, candidates: Sequence[str] | np.ndarray | None = None
+    ) -> Estimate:
+        """Unbiased frequencies of ``candidates`` (entry i is ``candidates[i]``) among all n
+        devices, from the whole-string sketch, with their std (module docstring)."""
+        candidates = require_candidates(self.name, candidates)
+        factorize_utf8(candidates, self.max_length)
+        return self._whole_estimate(self.blocks(stats)[0], stats.n, candidates)
+
+    def _whole_estimate(
+        self, whole: CountStatistics, n: int, candidates: Sequence[str] | np.ndarray
+    ) -> Estimate:
+        """The ``cms`` estimate from the n_0 whole-string reports, its variance plus the
+        sample's f (1 - f) (n - n_0) / (n_0 (n - 1))."""
+        self._require_reports(whole, "the whole-string sketch")
+        inner = self.sketch.estimate(whole, candidates)
+        f = np.clip(inner.frequencies, 0.0, 1.0)
+        outside = (n - whole.n) / (whole.n * (n - 1)) if n > 1 else 0.0
+        std = np.sqrt(inner.std**2 + f * (1 - f) * outside)
+        return Estimate(inner.frequencies, std, n)
+
+    def _require_reports(self, part: CountStatistics, what: str) -> None:
+        """ValueError unless the sketch ``what`` names holds reports."""
+        if part.n <= 0:
+            raise ValueError(
+                f"{what} has no reports yet; sfp needs reports in "
+                f"each of its {self.slots} sketches (a device reports into one, at random)"
+            )
+
+    @cached_property
+    def _decoder(self) -> tuple[np.ndarray, np.ndarray]:
+        """(z, signs), both (k, m): z[j, omega] = C_j^T omega as a 24-bit key and
+        signs[j, omega] = (-1)^(omega . e_j), for h_j(x) = e_j XOR C_j x (module docstring,
+        "Fragment decoding")."""
+        multipliers = self.sketch.hash.multipliers[:, None]  # G_j
+        shift = 33 - self.width.bit_length()  # 32 - w: the top w bits are the column
+        # coefficient[j, i] = h_j(2^i) XOR e_j: the column change when key bit i is set.
+        coefficient = (A_WORDS[None, :] ^ gf32_multiply(B_WORDS[None, :], multipliers)) >> shift
+        offset = (A0 ^ gf32_multiply(np.array([B0]), multipliers[:, 0])) >> shift
+        w = self.width.bit_length() - 1
+        # images[j, b]: the key bits i whose column change has bit b set, i.e. C_j^T e_b.
+        column_bits = (coefficient[:, :, None] >> np.arange(w)[None, None, :]) & 1
+        images = (column_bits << np.arange(FRAGMENT_BITS)[None, :, None]).sum(axis=1)
+        z = np.zeros((self.depth, 1), dtype=np.int64)
+        for b in range(w):  # omega's bit b set: XOR its image (columns ordered by omega)
+            z = np.concatenate([z, z ^ images[:, b : b + 1]], axis=1)
+        parity = np.bitwise_count(np.arange(self.width)[None, :] & offset[:, None]) & 1
+        return z, 1 - 2 * parity.astype(np.int64)
+
+    def fragment_frequencies(self, position_stats: CountStatistics) -> np.ndarray:
+        """phi(x) for all 2^24 keys x of one position's ``cms`` statistics: the share of its
+        reports holding x, estimated as ``cms`` does, by one Walsh-Hadamard transform
+        (module docstring, "Fragment decoding")."""
+        n = position_stats.n
+        if n <= 0:
+            raise ValueError("cannot estimate fragments from zero reports")
+        table, scale, offsets = self.sketch.sketch_table(position_stats)
+        z, signs = self._decoder
+        spectrum = walsh_hadamard(table) * signs
+        sums: np.ndarray = np.bincount(
+            z.reshape(-1), spectrum.reshape(-1), minlength=1 << FRAGMENT_BITS
+        )  # float64 (weighted counts)
+        walsh_hadamard(sums, out=sums)
+        sums *= scale / self.width
+        sums += float(offsets.sum())
+        kappa = self.sketch.kappa
+        sums /= n
+        sums -= kappa
+        sums /= 1.0 - kappa
+        return sums
+
+    def _frequent_fragments(self, position_stats: CountStatistics) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, phi) of one position's confirmed fragments, at most MAX_FRAGMENTS, phi from
+        their clean rows (module docstring, "Selection")."""
+        n = position_stats.n
+        phi = self.fragment_frequencies(position_stats)
+        z = NormalDist().inv_cdf(1.0 - FALSE_FRAGMENTS / phi.size)
+        pool = np.flatnonzero(phi > z * np.sqrt(self.sketch.frequency_variance(n, 0.0, 0.0)))
+        if pool.size > MAX_POOL:
+            pool = pool[np.argpartition(-phi[pool], MAX_POOL)[:MAX_POOL]]
+        pool = pool[np.argsort(-phi[pool], kind="stable")]
+        second = float(np.clip(self.sketch.second_moment(position_stats), 0.0, 1.0))
+        confirmed, clean_phi = self._confirm(position_stats, pool, phi[pool], z, second)
+        return pool[confirmed][:MAX_FRAGMENTS], clean_phi[confirmed][:MAX_FRAGMENTS]
+
+    def _confirm(
+        self,
+        position_stats: CountStatistics,
+        keys: np.ndarray,
+        phi: np.ndarray,
+        z: float,
+        second: float,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Which of ``keys`` (``phi`` their estimates, decreasing) are confirmed, and their
+        phi from their clean rows (module docstring, "Selection"); ``second`` is F2^."""
+        k, n, kappa = self.depth, position_stats.n, self.sketch.kappa
+        table, scale, offsets = self.sketch.sketch_table(position_stats)
+        debiased = scale * table + offsets[:, None]
+        prints = fragment_fingerprints(keys)
+        taken = np.zeros((k, self.width), dtype=bool)
+        rows = np.arange(k)
+        confirmed = np.zeros(keys.size, dtype=bool)
+        clean_phi = np.zeros(keys.size)
+        start, size = 0, 1
+        while start < keys.size:  # batches of keys, doubling: the heaviest are confirmed first
+            batch = slice(start, start + size)
+            columns = self.sketch.hash.columns(prints[batch]).T  # (keys, k)
+            clean = ~taken[rows, columns]
+            clean_rows = clean.sum(axis=1)
+            twin = clean_rows == 0
+            clean[twin] = True  # no clean row: judged on all rows, as the keys it twins
+            clean_rows[twin] = k
+            values = np.where(clean, debiased[rows, columns], 0.0).sum(axis=1)
+            share = k * values / (clean_rows * n)
+            clean_phi[batch] = np.where(twin, phi[batch], (share - kappa) / (1.0 - kappa))
+            rest = max(second - float(np.sum(clean_phi[confirmed] ** 2)), 0.0)
+            sigma = np.sqrt(self.sketch.frequency_variance(n, 0.0, rest) * k / clean_rows)
+            ok = clean_phi[batch] > z * sigma
+            confirmed[batch] = ok
+            taken[rows, columns[ok]] = True
+            start, size = start + size, min(2 * size, _CONFIRM_BATCH)
+        return confirmed, clean_phi
+
+    def candidates(self, found: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[str]:
+        """The puzzle: strings assembled from one kept fragment per position sharing a tag,
+        kept if well-formed and of that tag (module docstring, "Puzzle"). ``found[l]`` is
+        (keys, phi) of position l's kept fragments."""
+        tags = [keys >> 16 for keys, _ in found]
+        common = tags[0]
+        for other in tags[1:]:
+            common = np.intersect1d(common, other)
+        assembled: list[np.ndarray] = []
+        wanted: list[np.ndarray] = []
+        for tag in np.unique(common).tolist():
+            pieces = []
+            for (keys, phi), position_tags in zip(found, tags, strict=True):
+                mine = np.flatnonzero(position_tags == tag)
+                pieces.append(keys[mine[np.argsort(-phi[mine], kind="stable")]] & 0xFFFF)
+            kept = _fitting(np.array([piece.size for piece in pieces]), MAX_COMBINATIONS)
+            grids = np.meshgrid(*[piece[:kept] for piece in pieces], indexing="ij")
+            fragments = np.stack([grid.reshape(-1) for grid in grids], axis=1)
+            rows = np.empty((fragments.shape[0], 2 * self.positions), dtype=np.uint8)
+            rows[:, 0::2] = fragments >> 8
+            rows[:, 1::2] = fragments & 0xFF
+            assembled.append(rows)
+            wanted.append(np.full(rows.shape[0], tag))
+        if not assembled:
+            return []
+        rows, tag_of = np.concatenate(assembled), np.concatenate(wanted)
+        length = self.max_length
+        valid = well_formed_prefixes(rows[:, :length], length) & (rows[:, length:] == PAD).all(1)
+        raw = [row.tobytes().rstrip(bytes([PAD])) for row in rows[valid]]
+        matching = string_tags(raw) == tag_of[valid]
+        return [value.decode("utf-8") for value, ok in zip(raw, matching, strict=True) if ok]
+
+    def heavy_hitters(self, stats: CountStatistics, k: int) -> HeavyHitters:
+        """The k largest whole-string estimates among the assembled candidates (module
+        docstring, "Fragment decoding", "Puzzle"), most frequent first; fewer when fewer
+        candidates are found."""
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_HEAVY_HITTERS:
+            raise ValueError(f"k must be an integer in 1..{MAX_HEAVY_HITTERS}, got {k!r}")
+        parts = self.blocks(stats)
+        names = ["the whole-string sketch"]
+        names += [f"the sketch of fragment position {p}" for p in range(self.positions)]
+        for part, what in zip(parts, names, strict=True):
+            self._require_reports(part, what)
+        strings = self.candidates([self._frequent_fragments(part) for part in parts[1:]])
+        if not strings:
+            return HeavyHitters(np.zeros(0), np.zeros(0), stats.n, strings=())
+        found = self._whole_estimate(parts[0], stats.n, strings)
+        order = np.argsort(-found.frequencies, kind="stable")[:k]
+        return HeavyHitters(
+            found.frequencies[order],
+            found.std[order],
+            stats.n,
+            strings=tuple(strings[i] for i in order.tolist()),
+        )
+
+    def variance(self, n: int) -> float:
+        """Var_cms at f = 0, F = 0 from n / (P + 1) whole-string reports: (P + 1) times the
+        ``cms`` variance at n (at F = 0 it is inversely proportional to the reports)."""
+        return self.slots * float(self.sketch.frequency_variance(n, 0.0, 0.0))
+
+    # -- exact law, for the privacy tests ----------------------------------------------
+
+    def transition_matrix(self) -> np.ndarray:
+        """Exact P[report | the key's columns in every sketch]: inputs are the tuples
+        (tau_0, ..., tau_P) of ``cms`` column tuples (tau_0 the whole string's, tau_{1+l}
+        the fragment key's at position l; tau_0 most significant), outputs the columns
+        slot * (k 2^m) + j 2^m + o (slot 0 the whole string, 1 + l position l; o the bits,
+        bit c of o set iff report bit c is 1): the ``cms`` law over 1/(P + 1)."""
+        per_sketch = self.sketch.transition_matrix()
+        tuples, outputs = per_sketch.shape
+        require_enumerable(self.slots * outputs)
+        if tuples**self.slots * self.slots * outputs > (1 << 22):
+            raise ValueError(
+                f"{tuples}^{self.slots} inputs by {self.slots * outputs} reports is too many "
+                "to enumerate; use a smaller sketch or max_length"
+            )
+        inputs = np.indices((tuples,) * self.slots).reshape(self.slots, -1)
+        return np.concatenate([per_sketch[inputs[s]] for s in range(self.slots)], 1) / self.slots
+
+    def report_probabilities(self, values: Sequence[str]) -> np.ndarray:
+        """Exact P[report | value] for chosen strings, a (len(values), (P + 1) k 2^m) matrix
+        with ``transition_matrix``'s columns: each value's row of it, its columns computed
+        with the real hashes."""
+        raw, codes = factorize_utf8(values, self.max_length)
+        per_sketch = self.sketch.transition_matrix()
+        keys = self.fragment_keys(raw)
+        prints = [self.sketch.hash.fingerprints(raw)] + [
+            fragment_fingerprints(keys[:, position]) for position in range(self.positions)
+        ]
+        rows: list[np.ndarray] = []
+        for fingerprints in prints:
+            index = np.zeros(len(raw), dtype=np.int64)
+            for columns in self.sketch.hash.columns(fingerprints):  # row 0 most significant
+                index = index * self.width + columns
+            rows.append(per_sketch[index])
+        return (np.concatenate(rows, axis=1) / self.slots)[codes]
+
+
+def _fitting(sizes: np.ndarray, limit: int) -> int:
+    """The largest r >= 1 with prod(min(sizes, r)) <= limit (r = max(sizes) if all fit)."""
+    low, high = 1, int(sizes.max())
+    while low < high:
+        middle = (low + high + 1) // 2
+        if np.prod(np.minimum(sizes, middle).astype(float)) <= limit:
+            low = middle
+        else:
+            high = middle - 1
+    return low
