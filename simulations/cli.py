@@ -28,7 +28,7 @@ results and PNG plots. Run 'ldp-sim COMMAND --help' for the options of each.
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from simulations import accuracy_commands, federated, fleet, longitudinal
+    from simulations import accuracy_commands, federated, fleet, longitudinal, strings
 
     parser = argparse.ArgumentParser(
         prog="ldp-sim",
@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     federated.register(subparsers)
     fleet.register(subparsers)
     longitudinal.register(subparsers)
+    strings.register(subparsers)
     return parser
 
 

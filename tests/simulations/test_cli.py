@@ -142,7 +142,9 @@ def subcommand_parsers() -> dict[str, argparse.ArgumentParser]:
     return {"ldp-sim": parser, **subparsers.choices}
 
 
-@pytest.mark.parametrize("command", ["ldp-sim", "frequency", "numeric", "federated", "fleet"])
+@pytest.mark.parametrize(
+    "command", ["ldp-sim", "frequency", "numeric", "federated", "fleet", "longitudinal", "strings"]
+)
 def test_help_is_plain_text_and_shows_defaults(command: str) -> None:
     parser = subcommand_parsers()[command]
     text = parser.format_help()
