@@ -99,6 +99,19 @@ SPECS: dict[str, dict[str, Any]] = {
     # Two distinct sorted buckets of 0..9, two bits (one byte, 6 padding bits).
     "dbitflip": {"mechanism": "dbitflip", "epsilon": 1.0, "domain_size": 10, "bits_per_device": 2},
     "onebitmean": {"mechanism": "onebitmean", "epsilon": 1.0, "lower": 0.0, "upper": 1.0},
+    # Open-domain strings: a 4 x 10 sketch (2 bytes of bits, 6 padding), a 4 x 8 Hadamard
+    # sketch, pem over 2 bytes (2 groups; seeds and buckets from epsilon), sfp over 4 bytes
+    # (2 fragment positions) with a 2 x 8 sketch.
+    "cms": {"mechanism": "cms", "epsilon": 1.0, "sketch_width": 10, "sketch_depth": 4},
+    "hcms": {"mechanism": "hcms", "epsilon": 1.0, "sketch_width": 8, "sketch_depth": 4},
+    "pem": {"mechanism": "pem", "epsilon": 1.0, "max_length": 2},
+    "sfp": {
+        "mechanism": "sfp",
+        "epsilon": 1.0,
+        "max_length": 4,
+        "sketch_width": 8,
+        "sketch_depth": 2,
+    },
     "rappor": {
         "mechanism": "rappor",
         "num_bits": 12,  # 2 bytes, the 4 high bits of byte 1 are padding (little-endian)
@@ -189,6 +202,59 @@ RANGE_CASES: list[tuple[str, list[dict[str, Any]], list[tuple[dict[str, Any], st
         "onebitmean",
         [{"value": 0}, {"value": 1}],
         [({"value": 2}, r"report 0: the bit must be 0 or 1"), ({"value": -1}, r"0 or 1")],
+    ),
+    (
+        "cms",
+        [{"row": 0, "bits": b64(b"\x00\x00")}, {"row": 3, "bits": b64(b"\xff\xc0")}],
+        [
+            ({"row": 4, "bits": b64(b"\x00\x00")}, r"row 4 at position 0 .*0\.\.3"),
+            ({"row": -1, "bits": b64(b"\x00\x00")}, r"row -1 at position 0 .*0\.\.3"),
+            ({"row": 0, "bits": b64(b"\xff\xe0")}, r"report 0 sets padding bits past bit 9"),
+            ({"row": 0, "bits": b64(b"\x00")}, r"report 0: 'bits' holds 1 bytes, expected 2"),
+        ],
+    ),
+    (
+        "hcms",
+        [{"row": 0, "column": 0, "bit": 0}, {"row": 3, "column": 7, "bit": 1}],
+        [
+            ({"row": 4, "column": 0, "bit": 0}, r"row 4 at position 0 .*0\.\.3"),
+            ({"row": 0, "column": 8, "bit": 0}, r"column 8 at position 0 .*0\.\.7"),
+            ({"row": 0, "column": 0, "bit": 2}, r"bit 2 at position 0 .*0\.\.1"),
+        ],
+    ),
+    (
+        "pem",
+        [{"group": 0, "seed": 0, "value": 0}, {"group": 1, "seed": 8191, "value": 3}],
+        [
+            ({"group": 2, "seed": 0, "value": 0}, r"report 0: group = 2 is outside 0\.\.1"),
+            ({"group": 0, "seed": 8192, "value": 0}, r"seed = 8192 is outside 0\.\.8191"),
+            ({"group": 0, "seed": 0, "value": 4}, r"report 0: value = 4 is outside 0\.\.3"),
+        ],
+    ),
+    (
+        "sfp",
+        [
+            {"kind": 0, "position": 0, "row": 0, "bits": b64(b"\x00")},
+            {"kind": 1, "position": 1, "row": 1, "bits": b64(b"\xff")},
+        ],
+        [
+            (
+                {"kind": 2, "position": 0, "row": 0, "bits": b64(b"\x00")},
+                r"kind 2 at position 0 .*0\.\.1",
+            ),
+            (
+                {"kind": 1, "position": 2, "row": 0, "bits": b64(b"\x00")},
+                r"report 0: position 2 is invalid for kind 1",
+            ),
+            (
+                {"kind": 0, "position": 0, "row": 2, "bits": b64(b"\x00")},
+                r"row 2 at position 0 .*0\.\.1",
+            ),
+            (
+                {"kind": 0, "position": 0, "row": 0, "bits": b64(b"\x00\x00")},
+                r"report 0: 'bits' holds 2 bytes, expected 1",
+            ),
+        ],
     ),
     (
         "duchi",
