@@ -6,9 +6,10 @@ everything that can be checked without the database: the envelope (pydantic), th
 metric version, the time bucket and every payload (the mechanism's own
 ``from_payloads``), and groups the reports by metric version. It raises
 ``InvalidBatchError`` listing what was wrong, by report index and field, before anything
-is written. ``fold`` then turns the reports whose ids turned out new into
-``PartialRow``s: one per (metric, version, time bucket), inside the transaction that
-records the ids.
+is written, and folds the reports into ``PartialRow``s (one per metric, version and time
+bucket). Inside the transaction that records the ids, ``PreparedBatch.fold`` hands over
+those rows when every id turned out new, or folds the new reports again when some were
+not.
 """
 
 from __future__ import annotations
@@ -79,15 +80,31 @@ class Group:
 
 @dataclass
 class PreparedBatch:
+    """A checked batch: its distinct ids and its reports grouped by metric version.
+
+    ``prepare`` folds every report in advance (``folded``), on the request's thread, so
+    that when all the ids turn out new (the common case) the storage's writer thread,
+    which every batch passes through, only stores the rows.
+    """
+
     ids: list[bytes]
     groups: list[Group] = field(default_factory=list)
+    folded: list[PartialRow] | None = None
 
     def fold(self, new: list[bool]) -> list[PartialRow]:
         """Statistics of the reports whose id is new, one row per (metric, version, bucket)."""
-        mask = np.asarray(new, dtype=bool)
+        if self.folded is not None and all(new):
+            return self.folded
+        return self._fold(np.asarray(new, dtype=bool))
+
+    def _fold(self, mask: np.ndarray | None) -> list[PartialRow]:
+        """The rows of the reports at the first occurrence of an id, and (given a ``mask``
+        over the distinct ids) only of those it marks."""
         rows = []
         for group in self.groups:
-            keep = (group.positions >= 0) & mask[np.maximum(group.positions, 0)]
+            keep = group.positions >= 0
+            if mask is not None:
+                keep &= mask[np.maximum(group.positions, 0)]
             if not keep.any():
                 continue
             reports, buckets = group.reports[keep], group.buckets[keep]
@@ -158,6 +175,7 @@ def prepare(
     if problems:
         problems.sort(key=lambda p: p["report"])
         raise InvalidBatchError(problems)
+    prepared.folded = prepared._fold(None)
     return prepared, len(reports) - len(ids)
 
 

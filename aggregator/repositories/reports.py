@@ -6,9 +6,19 @@ the report ids, skipping those already stored (the ids that went in are the new 
 aggregate only the new reports, insert their partial statistics, commit. The reply is
 sent after the commit, so an acknowledged report is in both tables, and a report whose
 id is in ``report_ids`` is in exactly one partial row: a retry of it is a duplicate,
-however the earlier attempt ended. Ids are inserted in sorted order, so concurrent
-PostgreSQL writers take row locks in one order and cannot deadlock; a writer that meets
-an id another transaction is inserting waits for it and then sees it as a duplicate.
+however the earlier attempt ended. PostgreSQL gets the ids in sorted order, so concurrent
+writers take row locks in one order and cannot deadlock; a writer that meets an id
+another transaction is inserting waits for it and then sees it as a duplicate.
+
+Few statements per group. On SQLite the group's ids go in as one blob (16 bytes each,
+each batch's sorted) that a single ``INSERT ... SELECT`` cuts into rows, so the driver
+makes one call for them all and takes Python's GIL back once, not once per row (the
+request threads, which parse and validate the next batches, need it meanwhile); the
+partial rows go in by one multi-row ``INSERT``. The ids' insert is optimistic: when
+fewer rows went in than ids were given, some id was stored before (a retry) or repeated
+across the group's batches, and the transaction is rolled back and run once more with
+``RETURNING``, which names the ids that went in. PostgreSQL always uses ``RETURNING``.
+When every id went in, each batch's reports are all new and no id is looked at again.
 
 Many writers. Partial rows are only ever inserted, so concurrent batches do not contend
 for a row. ``compact_group`` deletes a group's rows with DELETE ... RETURNING and
@@ -32,8 +42,27 @@ from aggregator.repositories.schema import partial_stats, report_ids
 
 __all__ = ["PartialRow", "ReportsRepository"]
 
-#: Ids looked up per statement on SQLite's exact path (well under its 32,766 variables).
-_LOOKUP_CHUNK = 8192
+#: Report ids per SQLite insert statement: a statement that may fail midway keeps the
+#: pages it changes in a statement journal (in memory) until it ends; this bounds it.
+_IDS_PER_STATEMENT = 8192
+_ID_BYTES = 16
+#: Partial rows per multi-row insert (5 parameters each; SQLite takes up to 32,766).
+_ROWS_PER_STATEMENT = 1000
+_ROW_COLUMNS = ("metric", "version", "bucket", "n", "stats")
+
+#: SQLite: insert the ids cut from ``:ids`` (``:count`` of them), skipping stored ones.
+#: ``WHERE true`` tells the parser that ``ON CONFLICT`` is the upsert clause.
+_INSERT_SQLITE = (
+    "INSERT INTO report_ids (report_id, received_hour) "
+    "WITH RECURSIVE k(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM k WHERE i + 1 < :count) "
+    f"SELECT substr(:ids, {_ID_BYTES} * i + 1, {_ID_BYTES}), :hour FROM k WHERE true "
+    "ON CONFLICT DO NOTHING"
+)
+_INSERT_POSTGRESQL = (
+    "INSERT INTO report_ids (report_id, received_hour) "
+    "SELECT unnest(%(ids)s::bytea[]), %(hour)s "
+    "ON CONFLICT DO NOTHING RETURNING report_id"
+)
 
 
 @dataclass(frozen=True)
@@ -47,8 +76,15 @@ class PartialRow:
     stats: bytes
 
 
+@dataclass(eq=False)
+class _Batch(Submission):
+    """A batch as the writer takes it: also its ids sorted and joined (SQLite's parameter)."""
+
+    joined: bytes = b""
+
+
 class _SeenBefore(Exception):
-    """An optimistic insert of report ids met one already stored (``_insert_ids``)."""
+    """An optimistic insert of report ids met one already stored or repeated in the group."""
 
 
 class ReportsRepository(Repository):
@@ -56,7 +92,7 @@ class ReportsRepository(Repository):
 
     def __init__(self, database: Database) -> None:
         super().__init__(database)
-        self._committer = GroupCommitter(self._commit_group)
+        self._committer: GroupCommitter[_Batch] = GroupCommitter(self._commit_group)
 
     def close(self) -> None:
         """Store the batches already submitted, then stop the group-commit thread."""
@@ -69,79 +105,50 @@ class ReportsRepository(Repository):
         """Record ``ids`` (distinct 16-byte report ids) and their statistics atomically.
 
         ``fold(new)`` gets the boolean mask of the ids not seen before and returns the
-        ``PartialRow``s of those reports; both are written in one transaction (shared
-        with the other batches waiting at the time, see ``aggregator/group_commit.py``),
-        and this returns after its commit: ``(accepted, duplicates)``.
+        ``PartialRow``s of those reports (it is not called when none is new); both are
+        written in one transaction (shared with the other batches waiting at the time,
+        see ``aggregator/group_commit.py``), and this returns after its commit:
+        ``(accepted, duplicates)``. The ids are sorted here, on the caller's thread.
         """
-        accepted = self._committer.submit(ids, fold)
+        joined = b"".join(sorted(ids)) if self.database.dialect == "sqlite" else b""
+        accepted = self._committer.submit(_Batch(ids, fold, joined))
         return accepted, len(ids) - accepted
 
-    def _commit_group(self, group: list[Submission]) -> None:
+    def _commit_group(self, group: list[_Batch]) -> None:
         """One transaction for several batches: their ids, then their new reports' statistics.
 
         An id new to the database and listed by several batches of the group is new for
         the first of them only.
         """
-        ordered = sorted({report_id for submission in group for report_id in submission.ids})
         hour = int(time.time() // 3600)
-        try:
-            self._write_group(group, ordered, hour, optimistic=self.database.dialect == "sqlite")
-        except _SeenBefore:  # rolled back: once more, skipping the ids already stored
-            self._write_group(group, ordered, hour, optimistic=False)
-
-    def _write_group(
-        self, group: list[Submission], ordered: list[bytes], hour: int, optimistic: bool
-    ) -> None:
+        if self.database.dialect == "sqlite":
+            try:
+                with self.database.write() as conn:
+                    joined = b"".join(batch.joined for batch in group)
+                    if _insert_sqlite(conn, joined, hour) != len(joined) // _ID_BYTES:
+                        raise _SeenBefore
+                    _store_rows(conn, group, None)
+                return
+            except _SeenBefore:  # rolled back: once more, learning which ids went in
+                pass
         with self.database.write() as conn:
-            inserted = self._insert_ids(conn, ordered, hour, optimistic)
-            rows: list[PartialRow] = []
-            for submission in group:
-                new = []
-                for report_id in submission.ids:
-                    fresh = report_id in inserted
-                    if fresh:
-                        inserted.discard(report_id)
-                    new.append(fresh)
-                submission.accepted = sum(new)
-                if submission.accepted:
-                    rows += submission.fold(new)
-            if rows:
-                conn.execute(insert(partial_stats), [row.__dict__ for row in rows])
+            _store_rows(conn, group, self._insert_returning(conn, group, hour))
 
-    def _insert_ids(
-        self, conn: Connection, ordered: list[bytes], hour: int, optimistic: bool
-    ) -> set[bytes]:
-        """Store the ids of ``ordered`` not stored yet, and return them.
-
-        PostgreSQL: one ``INSERT ... SELECT unnest(...) ON CONFLICT DO NOTHING RETURNING``.
-        SQLite: ``optimistic`` inserts every id with one prepared statement run over all
-        of them (``executemany``); if any id was stored already, it raises
-        ``_SeenBefore`` for the caller to roll back and come again without
-        ``optimistic``: the stored ids are looked up, then the others inserted (a retried
-        batch is the rare case).
-        """
+    def _insert_returning(self, conn: Connection, group: list[_Batch], hour: int) -> set[bytes]:
+        """Insert the group's ids not stored yet (in sorted order) and return them."""
+        ordered = sorted({report_id for batch in group for report_id in batch.ids})
         if self.database.dialect == "postgresql":
-            result = conn.exec_driver_sql(
-                "INSERT INTO report_ids (report_id, received_hour) "
-                "SELECT unnest(%(ids)s::bytea[]), %(hour)s "
-                "ON CONFLICT DO NOTHING RETURNING report_id",
-                {"ids": ordered, "hour": hour},
-            )
+            result = conn.exec_driver_sql(_INSERT_POSTGRESQL, {"ids": ordered, "hour": hour})
             return {bytes(row[0]) for row in result}
-        if optimistic:
-            if _insert_sqlite(conn, ordered, hour) != len(ordered):
-                raise _SeenBefore
-            return set(ordered)
-        stored: set[bytes] = set()
-        for start in range(0, len(ordered), _LOOKUP_CHUNK):
-            chunk = ordered[start : start + _LOOKUP_CHUNK]
-            found = conn.execute(
-                select(report_ids.c.report_id).where(report_ids.c.report_id.in_(chunk))
+        inserted: set[bytes] = set()
+        for start in range(0, len(ordered), _IDS_PER_STATEMENT):
+            chunk = b"".join(ordered[start : start + _IDS_PER_STATEMENT])
+            result = conn.exec_driver_sql(
+                _INSERT_SQLITE + " RETURNING report_id",
+                {"count": len(chunk) // _ID_BYTES, "ids": chunk, "hour": hour},
             )
-            stored.update(row[0] for row in found)
-        new = [report_id for report_id in ordered if report_id not in stored]
-        _insert_sqlite(conn, new, hour)
-        return set(new)
+            inserted.update(row[0] for row in result)
+        return inserted
 
     def partial_rows(
         self, metric: str, version: int, start: int | None = None, end: int | None = None
@@ -163,7 +170,7 @@ class ReportsRepository(Repository):
     def add_partial_rows(self, rows: Sequence[PartialRow]) -> None:
         """Insert statistics directly (loading, benchmarks); no report ids are recorded."""
         with self.database.write() as conn:
-            conn.execute(insert(partial_stats), [row.__dict__ for row in rows])
+            _insert_rows(conn, rows)
 
     def report_count(self) -> int:
         """How many distinct report ids have been accepted."""
@@ -208,16 +215,51 @@ class ReportsRepository(Repository):
             return len(deleted)
 
 
-def _insert_sqlite(conn: Connection, ids: list[bytes], hour: int) -> int:
-    """Insert ``ids`` into SQLite's ``report_ids``, skipping stored ones; how many went in.
+def _insert_sqlite(conn: Connection, joined: bytes, hour: int) -> int:
+    """Insert the ids of ``joined`` (16 bytes each) into SQLite's ``report_ids``, skipping
+    stored ones; how many went in. One statement per ``_IDS_PER_STATEMENT`` ids."""
+    inserted = 0
+    step = _IDS_PER_STATEMENT * _ID_BYTES
+    for start in range(0, len(joined), step):
+        chunk = joined[start : start + step]
+        result = conn.exec_driver_sql(
+            _INSERT_SQLITE, {"count": len(chunk) // _ID_BYTES, "ids": chunk, "hour": hour}
+        )
+        inserted += int(result.rowcount)
+    return inserted
 
-    One prepared statement run over every id by the driver (``executemany``): the
-    statement is neither compiled nor its parameters converted per row.
+
+def _store_rows(conn: Connection, group: list[_Batch], inserted: set[bytes] | None) -> None:
+    """Set each batch's ``accepted`` and insert the statistics of its new reports.
+
+    ``inserted``: the ids that went in, or None when every id of the group did (and no
+    id is in two of its batches), which is also the case when there are as many of them
+    as the group has ids. Otherwise an id is new for the first batch that lists it.
     """
-    if not ids:
-        return 0
-    result = conn.exec_driver_sql(
-        "INSERT INTO report_ids (report_id, received_hour) VALUES (?, ?) ON CONFLICT DO NOTHING",
-        [(report_id, hour) for report_id in ids],
-    )
-    return int(result.rowcount)
+    if inserted is not None and len(inserted) == sum(len(batch.ids) for batch in group):
+        inserted = None
+    rows: list[PartialRow] = []
+    for batch in group:
+        if inserted is None:
+            new = [True] * len(batch.ids)
+        else:
+            new = [report_id in inserted for report_id in batch.ids]
+            inserted.difference_update(batch.ids)
+        batch.accepted = sum(new)
+        if batch.accepted:
+            rows += batch.fold(new)
+    _insert_rows(conn, rows)
+
+
+def _insert_rows(conn: Connection, rows: Sequence[PartialRow]) -> None:
+    """Insert partial rows, ``_ROWS_PER_STATEMENT`` by each multi-row statement (one driver
+    call, where ``executemany`` makes one per row)."""
+    mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+    values = "(" + ", ".join([mark] * len(_ROW_COLUMNS)) + ")"
+    for start in range(0, len(rows), _ROWS_PER_STATEMENT):
+        chunk = rows[start : start + _ROWS_PER_STATEMENT]
+        conn.exec_driver_sql(
+            f"INSERT INTO partial_stats ({', '.join(_ROW_COLUMNS)}) VALUES "
+            + ", ".join([values] * len(chunk)),
+            tuple(getattr(row, column) for row in chunk for column in _ROW_COLUMNS),
+        )

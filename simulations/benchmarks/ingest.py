@@ -43,9 +43,11 @@ its cores:
   the ratio should be near 1.
 * **Where a batch's time goes.** On one SQLite file with the served settings: the
   stages of ``Aggregator.ingest`` for 1,000-report batches, in process: JSON validation
-  (``ReportBatch.model_validate_json``), ``prepare`` (envelopes, buckets, payloads), then
-  inside ``Storage.ingest``: the report-id insert (from its start to the fold), the fold
-  (``aggregate`` of the new reports), the statistics insert, and the commit (from
+  (``ReportBatch.model_validate_json``), ``prepare`` (envelopes, buckets, payloads, and
+  the fold of every report: the ``aggregate`` of each metric version and time bucket),
+  then inside ``Storage.ingest``: the report-id insert (from its start, on the request's
+  thread, to the fold on the writer thread), the fold (handing over the rows folded in
+  advance when every id is new), the statistics insert, and the commit (from
   SQLAlchemy's commit event to the return: writing the WAL and its fsync). The same
   batches are then posted, one at a time, to a server (one worker) on a copy of the file
   taken before them: the round trip, and the server's own time in its request handler
@@ -619,9 +621,9 @@ def run_estimates(
 
 STAGES = (
     "JSON validation (model_validate_json)",
-    "prepare (envelopes, buckets, payloads)",
-    "report-id insert (BEGIN, INSERT .. RETURNING)",
-    "fold (aggregate the new reports)",
+    "prepare (envelopes, buckets, payloads, fold)",
+    "report-id insert (sort, queue, BEGIN, INSERT .. SELECT)",
+    "fold (the new reports' rows)",
     "statistics insert",
     "commit (WAL write and fsync; reply model)",
     "in-process total",
@@ -734,7 +736,9 @@ def time_stages(
             result = service.ingest(batch)
             t2 = time.perf_counter()
             if result.accepted != BATCH:
-                raise RuntimeError(f"batch {i}: {result.accepted} of {counted(BATCH, 'report')} accepted")
+                raise RuntimeError(
+                    f"batch {i}: {result.accepted} of {counted(BATCH, 'report')} accepted"
+                )
             if i < warmup:
                 continue
             values = (
@@ -1140,6 +1144,11 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"sqlite: p99 batch latency < {TARGET_P99_MS:.0f} ms at that rate: "
             f"{best.p99_ms:.1f} ms {p99_verdict}"
+        )
+        print(
+            f"sqlite: in that run the senders used {best.sender_cpu:.2f} of "
+            f"{os.cpu_count()} cores, the server {best.server_cpu:.2f}, other work "
+            f"{best.other_cpu:.2f}"
         )
     for note in notes:
         print(note)

@@ -41,14 +41,16 @@ def fold_of(tag: str) -> Callable[[list[bool]], list[Any]]:
 
 def test_concurrent_overlapping_batches_count_every_id_once() -> None:
     store = FakeStore()
-    committer = GroupCommitter(store.commit)
+    committer: GroupCommitter[Submission] = GroupCommitter(store.commit)
     accepted: list[int] = []
     lock = threading.Lock()
 
     def send(worker: int) -> None:
         for batch in range(20):
             ids = [f"{(worker * 37 + batch * 11 + k) % 300}".encode() for k in range(25)]
-            count = committer.submit(list(dict.fromkeys(ids)), fold_of(f"{worker}.{batch}"))
+            count = committer.submit(
+                Submission(list(dict.fromkeys(ids)), fold_of(f"{worker}.{batch}"))
+            )
             with lock:
                 accepted.append(count)
 
@@ -73,11 +75,11 @@ def test_concurrent_overlapping_batches_count_every_id_once() -> None:
 def test_waiting_batches_share_one_transaction() -> None:
     gate = threading.Event()
     store = FakeStore(gate)
-    committer = GroupCommitter(store.commit)
+    committer: GroupCommitter[Submission] = GroupCommitter(store.commit)
     results: dict[int, int] = {}
 
     def send(index: int) -> None:
-        results[index] = committer.submit([bytes([index])], fold_of(str(index)))
+        results[index] = committer.submit(Submission([bytes([index])], fold_of(str(index))))
 
     first = threading.Thread(target=send, args=(0,))
     first.start()
@@ -98,7 +100,7 @@ def test_waiting_batches_share_one_transaction() -> None:
 def test_a_failing_batch_fails_alone_and_the_rest_of_its_group_is_stored() -> None:
     gate = threading.Event()
     store = FakeStore(gate)
-    committer = GroupCommitter(store.commit)
+    committer: GroupCommitter[Submission] = GroupCommitter(store.commit)
     outcomes: dict[str, object] = {}
 
     def bad_fold(new: list[bool]) -> list[Any]:
@@ -106,7 +108,7 @@ def test_a_failing_batch_fails_alone_and_the_rest_of_its_group_is_stored() -> No
 
     def send(tag: str, ids: list[bytes], fold: Callable[[list[bool]], list[Any]]) -> None:
         try:
-            outcomes[tag] = committer.submit(ids, fold)
+            outcomes[tag] = committer.submit(Submission(ids, fold))
         except ValueError as error:
             outcomes[tag] = error
 
@@ -137,4 +139,4 @@ def test_submit_after_close_is_refused() -> None:
     committer = GroupCommitter(FakeStore().commit)
     committer.close()
     with pytest.raises(RuntimeError, match="closed"):
-        committer.submit([b"a"], fold_of("a"))
+        committer.submit(Submission([b"a"], fold_of("a")))
