@@ -70,6 +70,10 @@ def local_cluster(workers: int) -> Any:
         )
 
 
+#: How long to keep trying to reach a ``--scheduler`` before saying it is unreachable.
+SCHEDULER_CONNECT_TIMEOUT = "5s"
+
+
 def _run_on_dask(
     function: Callable[[UnitT], ResultT],
     units: Sequence[UnitT],
@@ -85,7 +89,7 @@ def _run_on_dask(
         client = Client(cluster)
     else:
         try:
-            client = Client(scheduler, timeout="5s")
+            client = Client(scheduler, timeout=SCHEDULER_CONNECT_TIMEOUT)
         except OSError as error:
             raise ConnectionError(
                 f"could not reach the Dask scheduler at {scheduler!r}: {error}"

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from simulations import execution
 from simulations.accuracy import (
     FrequencyCell,
     NumericCell,
@@ -134,7 +135,8 @@ def test_local_dask_cluster_gives_the_same_results() -> None:
     assert all(math.isfinite(o.metrics["mse"]) for o in dask)
 
 
-def test_unreachable_scheduler_is_a_clear_error() -> None:
+def test_unreachable_scheduler_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(execution, "SCHEDULER_CONNECT_TIMEOUT", "0.5s")
     cells = [FrequencyCell("grr", 1.0, 16, 100, ZIPF)]
     with pytest.raises(ConnectionError, match="Dask scheduler"):
         run_frequency(cells, 1, "fast", progress=False, scheduler="tcp://127.0.0.1:9")
