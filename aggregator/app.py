@@ -5,7 +5,7 @@ uvicorn. The routes (``aggregator/routes/``, one module per resource) authentica
 validate and delegate; domain errors leave as RFC 9457 problem documents through one
 table (``aggregator/errors.py``); every storage call runs in a worker thread. Here: the
 lifespan and its background tasks, the middleware, the exception handlers, the
-documentation pages and the OpenAPI document.
+documentation pages, the dashboard (``aggregator/routes/ui.py``) and the OpenAPI document.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from aggregator.problems import (
     problem_response,
 )
 from aggregator.routes import ROUTERS
+from aggregator.routes.ui import add_dashboard
 from aggregator.service import Aggregator
 from aggregator.settings import Settings
 from shared.schemas import ReportBatch
@@ -150,6 +151,7 @@ def create_app(settings: Settings, aggregator: Aggregator | None = None) -> Fast
     for router in ROUTERS:
         app.include_router(router)
     add_docs_pages(app)
+    add_dashboard(app)  # /ui/: the pages, their assets and their security headers
     _document_batch_schema(app)
     return app
 

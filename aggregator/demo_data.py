@@ -39,9 +39,9 @@ from shared.schemas import MetricSpec, Report, ReportBatch
 
 #: Hours back from the current one that receive reports (fewer if the service keeps
 #: report ids for less time).
-DEMO_HOURS = 24
+DEMO_HOURS = 72
 #: Reports per metric and hour (at least the release threshold ``min_reports``).
-DEMO_REPORTS_PER_HOUR = 500
+DEMO_REPORTS_PER_HOUR = 200
 #: Exponent of the categorical populations' Zipf shares.
 ZIPF_EXPONENT = 1.1
 #: Seed of the simulated populations (the values, not their perturbation), with the

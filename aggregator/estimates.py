@@ -21,11 +21,20 @@ threshold per bucket, adding a bucket below it to a window leaves that window's 
 unchanged. The estimate says what was left out (``suppressed_buckets``,
 ``suppressed_reports``): report counts are public in this design (``n`` is released), so
 this tells the size of a small bucket, never anything about its reports' values.
+
+A series (``GET /v1/metrics/{name}/series``, ``build_series``) is one estimate per time
+step on the UTC grid of the step (whole hours for ``1h``, UTC days for ``1d``): each
+step's estimate is the one the estimate endpoint publishes for that step's window,
+built by the same code from the step's released buckets, or null when none of them
+reaches the threshold (the step still says how many reports it holds). It reads the
+stored buckets of the range once, so its cost grows with the number of buckets and
+steps, never with the number of reports.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
@@ -44,6 +53,20 @@ CONFIDENCE = 0.95
 #: The most heavy hitters one request may ask for: as many as every discovery mechanism
 #: returns.
 MAX_HEAVY_HITTERS = min(pem.MAX_HEAVY_HITTERS, sfp.MAX_HEAVY_HITTERS)
+
+#: The steps of a series, by name, in seconds.
+SeriesStepName = Literal["1h", "1d"]
+STEP_SECONDS: dict[str, int] = {"1h": 3600, "1d": 86400}
+#: Steps a series covers when its request gives no start: a week of hours, 30 days.
+DEFAULT_SERIES_STEPS: dict[str, int] = {"1h": 168, "1d": 30}
+#: Most steps in one series (100 days of hours).
+MAX_SERIES_STEPS = 2400
+#: Most estimated values in one series (steps times the values of one step's estimate:
+#: categories, candidate strings, or one mean), unless one step alone holds more.
+MAX_SERIES_VALUES = 100_000
+#: The Unix seconds a published time may take (years 1 to 9999).
+_FIRST_SECOND = int(datetime(1, 1, 1, tzinfo=UTC).timestamp())
+_LAST_SECOND = int(datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp())
 
 
 @dataclass(frozen=True)
@@ -111,6 +134,78 @@ class ReleasedBuckets:
             "suppressed_buckets": self.suppressed_buckets,
             "suppressed_reports": self.suppressed_reports,
         }
+
+
+def merged_statistics(
+    mechanism: Mechanism, rows: Iterable[PartialRow]
+) -> CountStatistics | MomentStatistics:
+    """The statistics of ``rows`` summed into one accumulator (``merge_many``, not pairwise)."""
+    return mechanism.empty_statistics().merge_many(
+        mechanism.statistics_from_bytes(row.stats) for row in rows
+    )
+
+
+@dataclass(frozen=True)
+class SeriesGrid:
+    """``count`` steps of ``seconds`` each from ``first`` (Unix seconds, a multiple of
+    ``seconds``): the steps of one series."""
+
+    step: SeriesStepName
+    seconds: int
+    first: int
+    count: int
+
+    @property
+    def stop(self) -> int:
+        """The end of the last step (exclusive)."""
+        return self.first + self.count * self.seconds
+
+    @classmethod
+    def of(
+        cls,
+        start: datetime | None,
+        end: datetime | None,
+        step: SeriesStepName,
+        bucket_seconds: int,
+        now: datetime,
+    ) -> SeriesGrid:
+        """The steps on the UTC grid of ``step`` that overlap ``[start, end)``.
+
+        ``end`` defaults to ``now`` (so the current step is the last), ``start`` to
+        ``DEFAULT_SERIES_STEPS[step]`` steps before the end. Raises ValueError for a start
+        not before the end, more than ``MAX_SERIES_STEPS`` steps, times outside years
+        1..9999, or a step that is not a whole number of the storage's time buckets.
+        """
+        seconds = STEP_SECONDS[step]
+        if seconds % bucket_seconds:
+            raise ValueError(
+                f"step={step} is not a whole number of the storage's {bucket_seconds} s time "
+                f"buckets; use a step that is (the buckets are {bucket_seconds} s long)"
+            )
+        last = _utc(end, "end") if end is not None else now
+        stop = -(-math.ceil(last.timestamp()) // seconds) * seconds
+        if start is None:
+            first = stop - DEFAULT_SERIES_STEPS[step] * seconds
+        else:
+            begin = _utc(start, "start")
+            if begin >= last:
+                shown = "end" if end is not None else "end (by default now)"
+                raise ValueError(f"start must be earlier than {shown}")
+            first = math.floor(begin.timestamp()) // seconds * seconds
+        count = (stop - first) // seconds
+        if count > MAX_SERIES_STEPS:
+            raise ValueError(
+                f"the range holds {count} steps of {step}; a series has at most "
+                f"{MAX_SERIES_STEPS}: choose a shorter range or step=1d"
+            )
+        if first < _FIRST_SECOND or stop > _LAST_SECOND:
+            raise ValueError("a series must lie between the years 1 and 9999 (UTC)")
+        return cls(step, seconds, first, count)
+
+    def window(self, index: int) -> EstimateWindow:
+        """The window of step ``index`` (0-based)."""
+        first = self.first + index * self.seconds
+        return EstimateWindow(first, first + self.seconds)
 
 
 def _utc(value: datetime, name: str) -> datetime:
@@ -229,6 +324,16 @@ class CandidateItem(BaseModel):
 
 
 _RAPPOR_ONLY = "RAPPOR only (null for cms, hcms, pem and sfp): "
+#: The fields of a string estimate that only RAPPOR's decoding fills.
+_RAPPOR_FIELDS = (
+    "epsilon_infinity",
+    "detected",
+    "explained_mass",
+    "unexplained_mass",
+    "smallest_detectable_frequency",
+    "correction",
+    "alpha",
+)
 
 
 class StringEstimateOut(EstimateBase):
@@ -288,6 +393,42 @@ class HeavyHittersOut(EstimateBase):
 EstimateOut = CategoricalEstimateOut | NumericEstimateOut | StringEstimateOut
 
 
+class SeriesStep(BaseModel):
+    start: str = Field(description="The step's first instant (UTC, inclusive).")
+    end: str = Field(description="The step's end (UTC, exclusive).")
+    n: int = Field(
+        description="Reports stored in the step for this version, released or not (report "
+        "counts are public, as an estimate's n is). With an estimate, n is its n plus its "
+        "suppressed_reports."
+    )
+    estimate: EstimateOut | None = Field(
+        description="Exactly the body GET /v1/metrics/{name}/estimate answers for this "
+        "step's window (start, end) and version; null when no time bucket of the step holds "
+        "min_reports reports (where the estimate endpoint answers 409)."
+    )
+
+
+class SeriesOut(BaseModel):
+    """One estimate per time step of one metric version (``GET .../series``)."""
+
+    metric: str
+    version: int = Field(
+        description="The version every step is estimated for: reports made under another "
+        "version never enter (pick one with version=; the default is the current one)."
+    )
+    mechanism: str
+    kind: Literal["categorical", "numeric", "string"] = Field(
+        description="The kind of the steps' estimates (also for the steps with none)."
+    )
+    epsilon: float
+    step: SeriesStepName
+    start: str = Field(description="The first step's start (UTC): the range widened to steps.")
+    end: str = Field(description="The last step's end (UTC, exclusive).")
+    min_reports: int = Field(description="Release threshold per time bucket, as for estimates.")
+    confidence: float = CONFIDENCE
+    steps: list[SeriesStep] = Field(description="Every step of the range, oldest first.")
+
+
 def build_estimate(
     metric: MetricSpec,
     mechanism: Mechanism,
@@ -297,22 +438,20 @@ def build_estimate(
     candidates: list[str] | None = None,
 ) -> dict[str, object]:
     """The published estimate of ``stats``, the statistics of ``released.rows`` (JSON-ready,
-    one of the ``*EstimateOut`` shapes)."""
+    one of the ``*EstimateOut`` shapes, with every field of it: serialized as it is, it is
+    the JSON its model gives)."""
     base = _base(metric, stats.n, window, released)
     if isinstance(mechanism, Rappor | OpenStringMechanism):
-        listed = candidates or list(metric.labels or ())
-        if not listed:
-            raise ValueError(
-                f"this {mechanism.name} metric lists no candidate strings: pass "
-                "candidates=... to estimate them"
-            )
+        listed = estimated_strings(metric, candidates)
         if isinstance(mechanism, Rappor):
             assert isinstance(stats, CountStatistics)
             return base | _rappor_estimate(mechanism, mechanism.estimate(stats, candidates=listed))
-        return base | {
-            "kind": "string",
-            "candidates": _string_items(listed, mechanism.estimate(stats, listed)),
-        }
+        items = _string_items(listed, mechanism.estimate(stats, listed))
+        return (
+            base
+            | dict.fromkeys(_RAPPOR_FIELDS)
+            | {"kind": "string", "candidates": [item | {"detected": None} for item in items]}
+        )
     result = mechanism.estimate(stats)
     if isinstance(result, MeanEstimate):
         low, high = result.ci(CONFIDENCE)
@@ -357,6 +496,98 @@ def build_estimate(
     }
 
 
+def estimated_strings(metric: MetricSpec, candidates: list[str] | None) -> list[str]:
+    """The strings a string metric's estimate is made at: ``candidates``, else the metric's
+    labels (ValueError when there are none)."""
+    listed = candidates or list(metric.labels or ())
+    if not listed:
+        raise ValueError(
+            f"this {metric.mechanism.mechanism} metric lists no candidate strings: pass "
+            "candidates=... to estimate them"
+        )
+    return listed
+
+
+def series_strings(
+    metric: MetricSpec, mechanism: Mechanism, grid: SeriesGrid, candidates: list[str] | None
+) -> list[str] | None:
+    """The strings a string metric's series estimates (``estimated_strings``; None for the
+    other metrics), once the series is known to fit: ValueError when it would hold more
+    than ``MAX_SERIES_VALUES`` values (steps times ``series_values``) in more than one step.
+    """
+    listed = (
+        estimated_strings(metric, candidates)
+        if isinstance(mechanism, Rappor | OpenStringMechanism)
+        else None
+    )
+    values = series_values(metric, listed)
+    if grid.count > 1 and grid.count * values > MAX_SERIES_VALUES:
+        raise ValueError(
+            f"the series would hold {grid.count} steps x {values} values = "
+            f"{grid.count * values:,}; at most {MAX_SERIES_VALUES:,}: choose a shorter "
+            "range, step=1d, or fewer candidates"
+        )
+    return listed
+
+
+def build_series(
+    metric: MetricSpec,
+    mechanism: Mechanism,
+    rows: Sequence[PartialRow],
+    grid: SeriesGrid,
+    min_reports: int,
+    strings: list[str] | None = None,
+) -> dict[str, object]:
+    """One estimate per step of ``grid`` from ``rows`` (the range's partial rows), JSON-ready
+    in the ``SeriesOut`` shape; a string metric's at ``strings`` (``series_strings``).
+
+    The rows are grouped by step in one pass (a stable sort of their step indices); each
+    step's estimate is ``build_estimate`` of its released buckets (``ReleasedBuckets``), or
+    None when no bucket of the step holds ``min_reports`` reports.
+    """
+    buckets = np.fromiter((row.bucket for row in rows), dtype=np.int64, count=len(rows))
+    sizes = np.fromiter((row.n for row in rows), dtype=np.int64, count=len(rows))
+    step_of = (buckets - grid.first) // grid.seconds
+    order = np.argsort(step_of, kind="stable")
+    edges = np.searchsorted(step_of[order], np.arange(grid.count + 1)).tolist()
+    totals = np.bincount(step_of, weights=sizes, minlength=grid.count).astype(np.int64).tolist()
+    steps: list[dict[str, object]] = []
+    for index in range(grid.count):
+        window = grid.window(index)
+        released = ReleasedBuckets.of(
+            [rows[i] for i in order[edges[index] : edges[index + 1]].tolist()], min_reports
+        )
+        estimate = None
+        if released.rows:
+            stats = merged_statistics(mechanism, released.rows)
+            estimate = build_estimate(metric, mechanism, stats, window, released, strings)
+        steps.append({**window.as_json(), "n": totals[index], "estimate": estimate})
+    return {
+        "metric": metric.name,
+        "version": metric.version,
+        "mechanism": metric.mechanism.mechanism,
+        "kind": metric.mechanism.kind,
+        "epsilon": metric.mechanism.epsilon,
+        "step": grid.step,
+        "start": _iso(grid.first),
+        "end": _iso(grid.stop),
+        "min_reports": min_reports,
+        "confidence": CONFIDENCE,
+        "steps": steps,
+    }
+
+
+def series_values(metric: MetricSpec, candidates: list[str] | None) -> int:
+    """How many values one step's estimate holds: its categories (each with its
+    post-processed twin, so two per category), its candidate strings, or one mean."""
+    if candidates is not None:
+        return len(candidates)
+    if metric.mechanism.kind == "categorical":
+        assert metric.mechanism.domain_size is not None
+        return 2 * metric.mechanism.domain_size
+    return 1
+
+
 def build_heavy_hitters(
     metric: MetricSpec,
     mechanism: OpenStringMechanism,
@@ -384,11 +615,7 @@ def _base(
         "version": metric.version,
         "mechanism": metric.mechanism.mechanism,
         "epsilon": metric.mechanism.epsilon,
-        **(
-            {"epsilon_report": metric.mechanism.epsilon_report}
-            if metric.mechanism.is_memoized
-            else {}
-        ),
+        "epsilon_report": metric.mechanism.epsilon_report if metric.mechanism.is_memoized else None,
         "n": n,
         "confidence": CONFIDENCE,
         "window": window.as_json(),

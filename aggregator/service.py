@@ -18,8 +18,13 @@ from aggregator.estimates import (
     MAX_HEAVY_HITTERS,
     EstimateWindow,
     ReleasedBuckets,
+    SeriesGrid,
+    SeriesStepName,
     build_estimate,
     build_heavy_hitters,
+    build_series,
+    merged_statistics,
+    series_strings,
 )
 from aggregator.ingest import BatchTooLargeError, prepare, utc_now
 from aggregator.registry import check_metric_name
@@ -166,6 +171,33 @@ class Aggregator:
         except ValueError as error:
             raise InvalidEstimateError(str(error)) from None
 
+    def series(
+        self,
+        name: str,
+        step: SeriesStepName = "1h",
+        version: int | None = None,
+        start: datetime | None = None,
+        end: datetime | None = None,
+        candidates: list[str] | None = None,
+        now: datetime | None = None,
+    ) -> dict[str, object]:
+        """One estimate per step of one metric version over ``[start, end)`` widened to whole
+        steps (``SeriesGrid``; JSON-ready in the ``SeriesOut`` shape).
+
+        Each step's estimate is what ``estimate`` gives for the step's window, or None where
+        that is refused for want of reports (the step's ``n`` is still given). The range's
+        partial rows are read in one query. A range, step or size that cannot be served
+        raises ``InvalidEstimateError``.
+        """
+        metric, mechanism = self._metric(name, version)
+        try:
+            grid = SeriesGrid.of(start, end, step, self.settings.bucket_seconds, now or utc_now())
+            strings = series_strings(metric, mechanism, grid, candidates)
+            rows = self.storage.partial_rows(metric.name, metric.version, grid.first, grid.stop)
+            return build_series(metric, mechanism, rows, grid, self.settings.min_reports, strings)
+        except ValueError as error:
+            raise InvalidEstimateError(str(error)) from None
+
     def heavy_hitters(
         self,
         name: str,
@@ -227,10 +259,7 @@ class Aggregator:
             raise NotEnoughReportsError(
                 released.suppressed_reports, released.min_reports, released.suppressed_buckets
             )
-        stats = mechanism.empty_statistics().merge_many(
-            mechanism.statistics_from_bytes(row.stats) for row in released.rows
-        )
-        return window, released, stats
+        return window, released, merged_statistics(mechanism, released.rows)
 
     def compact(self) -> CompactionResult:
         """Merge each (metric, version, bucket)'s partial rows into one."""

@@ -66,6 +66,8 @@ CROSS_FIELD_RULES = {
     "PUT /v1/metrics/{name}",
     "POST /v1/reports",
     "GET /v1/metrics/{name}/estimate",
+    # A series has the estimate's rules, and start before end.
+    "GET /v1/metrics/{name}/series",
     # Heavy hitters only for discovery metrics (pem, sfp): a schema-valid k for another
     # metric is rightly a 422.
     "GET /v1/metrics/{name}/heavy-hitters",
@@ -86,7 +88,7 @@ def needed_role(case: schemathesis.Case) -> str | None:
         return None
     if path == "/v1/reports" or path.endswith(("/round", "/updates")):
         return "device"
-    if path.endswith(("/estimate", "/heavy-hitters")) or (
+    if path.endswith(("/estimate", "/series", "/heavy-hitters")) or (
         path.startswith("/v1/federated") and method == "GET"
     ):
         return "analyst"

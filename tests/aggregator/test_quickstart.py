@@ -49,7 +49,7 @@ from shared.schemas import ReportBatch
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Two-sided normal quantile of 10^-7: each statistical check below fails falsely with
-#: probability at most 10^-7 (normal approximation of sums of 12,000 bounded terms).
+#: probability at most 10^-7 (normal approximation of sums of 14,400 bounded terms).
 Z = 5.33
 NOW = datetime(2026, 11, 24, 15, 30, tzinfo=UTC)
 PER_METRIC = DEMO_HOURS * DEMO_REPORTS_PER_HOUR
@@ -76,7 +76,7 @@ def quickstart_commands() -> list[str]:
 
 def test_readme_quickstart(tmp_path: Path) -> None:
     """From ``serve`` to a real estimate by the README's commands alone: the curl of the
-    demo metric answers a 200 estimate of the 12,000 demo reports, and the fleet's
+    demo metric answers a 200 estimate of the 14,400 demo reports, and the fleet's
     reports are estimated the same way."""
     commands = quickstart_commands()
     installs = [c for c in commands if "pip install" in c]
@@ -140,7 +140,7 @@ def test_readme_quickstart(tmp_path: Path) -> None:
             )
             assert response.status_code == 200, response.text
         served = (tmp_path / "serve.log").read_text()
-        assert "--demo-data: stored 48,000 perturbed reports" in served
+        assert f"--demo-data: stored {4 * PER_METRIC:,} perturbed reports" in served
     finally:
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGTERM)
@@ -164,7 +164,7 @@ def service(tmp_path: Path) -> Iterator[Aggregator]:
 
 
 def test_demo_data_fills_every_demo_metric_with_perturbed_reports(service: Aggregator) -> None:
-    """12,000 reports per demo metric, 500 in each of the last 24 hours, stored as the
+    """14,400 reports per demo metric, 200 in each of the last 72 hours, stored as the
     mechanisms' perturbed reports: the stored GRR counts follow the perturbed law
     ``E C_v = n_v p + (n - n_v) q`` (the raw counts ``n_v`` are far outside it), and the
     debiased estimates find the simulated population. Each check: within Z = 5.33

@@ -223,7 +223,7 @@ def test_bad_candidates_get_problem_documents(client: TestClient) -> None:
 def test_demo_data_fills_string_metrics_with_candidates(tmp_path: Path) -> None:
     """``serve --demo-data``: a string metric's simulated devices hold its labels that fit
     its max_length (Zipf shares); one without labels is left empty. The pem population's
-    top label (share 0.57 of the three that fit, 12,000 reports at epsilon 4) is its top
+    top label (share 0.57 of the three that fit, 14,400 reports at epsilon 4) is its top
     heavy hitter: the next string's share is 0.27, over 10 estimated sd below."""
     service = Aggregator(Settings(database=str(tmp_path / "demo.sqlite3")))
     try:

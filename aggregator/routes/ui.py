@@ -1,0 +1,325 @@
+"""The analyst dashboard, ``/ui/``: server-rendered pages over the JSON API.
+
+* ``/ui/``: every metric's public privacy promise (mechanism, epsilon, domain, version;
+  for memoized metrics and RAPPOR the lifetime bound) and the service's health;
+* ``/ui/metrics/{name}``: one metric's promise and versions; with a key, its estimate
+  over a window (bars with 95% interval whiskers and the post-processed distribution, a
+  mean with its intervals, candidate strings or heavy hitters) and the series of that
+  window, with its band and the reports per step;
+* ``/ui/federated`` and ``/ui/federated/{name}``: the training tasks; one task's
+  evaluation and epsilon spent per round (with a key).
+
+The pages are Jinja2 templates (``aggregator/ui/templates``, autoescaped: metric names,
+labels and descriptions are admin input and are always rendered as text) that hold
+only what is public; the estimates, series and tasks are fetched by the page's own
+scripts (``aggregator/ui/static``) from the JSON API with the analyst key. The key is
+typed into the page, kept in the tab's ``sessionStorage`` and sent as an
+``Authorization: Bearer`` header: never in a URL, a cookie or a log (the key field has
+no ``name``, so even a form submitted without scripts carries nothing). Every response
+under ``/ui`` carries a Content-Security-Policy that admits scripts, styles and
+connections from this origin only (no inline script or style, no other host), so the
+dashboard works on an offline network and an injected tag could not run. Charts are
+drawn by Chart.js, shipped unmodified in ``aggregator/ui/static/vendor`` (its version,
+licence and checksum are in ``VERSIONS.txt`` there).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from aggregator.registry import METRIC_NAME
+from aggregator.service import Aggregator, StorageUnavailableError
+from shared.schemas import MetricSpec, rappor_epsilon_infinity
+
+__all__ = ["CONTENT_SECURITY_POLICY", "UI_PREFIX", "add_dashboard", "router"]
+
+UI_PREFIX = "/ui"
+STATIC_URL = f"{UI_PREFIX}/static"
+#: What the dashboard's pages may load and where they may send: this origin only.
+CONTENT_SECURITY_POLICY = "; ".join(
+    (
+        "default-src 'self'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "img-src 'self' data:",
+        "connect-src 'self'",
+        "object-src 'none'",
+        "frame-ancestors 'none'",
+        "base-uri 'none'",
+        "form-action 'self'",
+    )
+)
+SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = tuple(
+    (name.encode(), value.encode())
+    for name, value in (
+        ("Content-Security-Policy", CONTENT_SECURITY_POLICY),
+        ("X-Content-Type-Options", "nosniff"),
+        ("Referrer-Policy", "no-referrer"),
+        ("X-Frame-Options", "DENY"),
+        ("Cross-Origin-Opener-Policy", "same-origin"),
+    )
+)
+_SECURITY_HEADER_NAMES = frozenset(name.lower() for name, _ in SECURITY_HEADERS)
+#: Labels of a categorical metric listed in its domain before the rest are counted.
+LISTED_LABELS = 12
+
+router = APIRouter()
+
+
+def ui_directory() -> Path:
+    """The installed ``aggregator/ui`` directory (templates and static assets)."""
+    return Path(str(files("aggregator") / "ui"))
+
+
+TEMPLATES = Environment(
+    loader=FileSystemLoader(ui_directory() / "templates"),
+    autoescape=True,
+    undefined=StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+@dataclass(frozen=True)
+class PrivacyPromise:
+    """A metric version's public promise, as the pages show it."""
+
+    name: str
+    version: int
+    description: str
+    kind: str
+    mechanism: str
+    #: The mechanism ``auto`` resolved to (None for the others).
+    resolved: str | None
+    epsilon: float
+    #: What ``epsilon`` bounds: one report, or every report of one value (memoized).
+    epsilon_meaning: str
+    #: Memoized mechanisms: what one report reveals; RAPPOR: its one-report epsilon.
+    epsilon_report: float | None
+    #: Memoized mechanisms and RAPPOR: what any number of reports of one value reveal.
+    lifetime: float | None
+    domain: str
+    labels: tuple[str, ...]
+    more_labels: int
+    parameters: tuple[tuple[str, object], ...]
+
+    @classmethod
+    def of(cls, metric: MetricSpec, resolved: str | None) -> PrivacyPromise:
+        spec = metric.mechanism
+        lifetime: float | None = None
+        epsilon_report: float | None = None
+        meaning = "per report"
+        if spec.is_memoized:
+            lifetime, epsilon_report = spec.epsilon, spec.epsilon_report
+            meaning = "lifetime bound per distinct value"
+        elif spec.mechanism == "rappor":
+            assert spec.num_hashes is not None and spec.f is not None
+            lifetime = rappor_epsilon_infinity(spec.num_hashes, spec.f)
+            epsilon_report = spec.epsilon
+        labels = tuple(metric.labels or ())
+        shown = spec.model_dump(exclude={"mechanism", "epsilon", "epsilon_report"})
+        return cls(
+            name=metric.name,
+            version=metric.version,
+            description=metric.description,
+            kind=spec.kind,
+            mechanism=spec.mechanism,
+            resolved=resolved if resolved != spec.mechanism else None,
+            epsilon=spec.epsilon,
+            epsilon_meaning=meaning,
+            epsilon_report=epsilon_report,
+            lifetime=lifetime,
+            domain=_domain(metric),
+            labels=labels[:LISTED_LABELS],
+            more_labels=max(0, len(labels) - LISTED_LABELS),
+            parameters=tuple(sorted(shown.items())),
+        )
+
+
+def _domain(metric: MetricSpec) -> str:
+    """The values a metric takes, in words."""
+    spec = metric.mechanism
+    if spec.kind == "categorical":
+        return f"{spec.domain_size} categories"
+    if spec.kind == "numeric":
+        return f"numbers clipped to [{spec.lower:g}, {spec.upper:g}]"
+    count = len(metric.labels or ())
+    candidates = f"{count or 'no'} candidate string{'s' * (count != 1)}"
+    if spec.max_length is not None:
+        return f"strings of up to {spec.max_length} bytes; {candidates}"
+    return f"strings; {candidates}"
+
+
+def _epsilon(value: float | None) -> str:
+    """An epsilon for people: ``1.5``, ``0.693``, or ``∞``."""
+    if value is None:
+        return ""
+    return "∞" if math.isinf(value) else f"{value:.4g}"
+
+
+TEMPLATES.filters["epsilon"] = _epsilon
+
+
+@dataclass(frozen=True)
+class Health:
+    status: str
+    storage: str
+    metrics: int
+    checked_at: str
+
+
+def _health(service: Aggregator) -> Health:
+    """The storage's answer (never raising: unreachable is a state to show)."""
+    try:
+        status, storage = "ok", service.ping()
+    except StorageUnavailableError:
+        status, storage = "unreachable", "did not answer"
+    return Health(
+        status=status,
+        storage=storage,
+        metrics=len(service.catalog.latest()),
+        checked_at=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    )
+
+
+def _render(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
+    base = str(request.scope.get("root_path", "")).rstrip("/")
+    page = TEMPLATES.get_template(template).render(
+        base=base, static=f"{base}{STATIC_URL}", **context
+    )
+    return HTMLResponse(page, status_code=status, headers={"Cache-Control": "no-cache"})
+
+
+def _service(request: Request) -> Aggregator:
+    service: Aggregator = request.app.state.aggregator
+    return service
+
+
+def _promises(service: Aggregator, metrics: list[MetricSpec]) -> list[PrivacyPromise]:
+    promises = []
+    for metric in metrics:
+        mechanism = service.catalog.mechanism(metric.name, metric.version)
+        promises.append(PrivacyPromise.of(metric, mechanism.name if mechanism else None))
+    return promises
+
+
+async def overview(request: Request) -> HTMLResponse:
+    """Every metric's privacy promise, and the service's health."""
+    service = _service(request)
+
+    def gather() -> tuple[list[PrivacyPromise], Health]:
+        return _promises(service, service.catalog.latest()), _health(service)
+
+    promises, health = await run_in_threadpool(gather)
+    return _render(request, "overview.html", page="overview", metrics=promises, health=health)
+
+
+async def metric_page(request: Request) -> HTMLResponse:
+    """One metric version's promise and versions; the page's script adds its estimates."""
+    service = _service(request)
+    name = str(request.path_params["name"])
+    version_text = request.query_params.get("version")
+    version = int(version_text) if version_text and version_text.isdigit() else None
+
+    def gather() -> tuple[list[PrivacyPromise], Health]:
+        versions = service.catalog.versions(name) if METRIC_NAME.match(name) else []
+        return _promises(service, versions), _health(service)
+
+    versions, health = await run_in_threadpool(gather)
+    if version_text is None:
+        chosen = versions[-1] if versions else None
+    else:
+        chosen = next((p for p in versions if p.version == version), None)
+    if chosen is None:
+        missing = name if version_text is None else f"{name} version {version_text}"
+        return _render(
+            request, "missing.html", 404, page="missing", what=f"metric {missing}", health=health
+        )
+    return _render(
+        request,
+        "metric.html",
+        page="metric",
+        metric=chosen,
+        versions=versions,
+        latest=versions[-1].version,
+        health=health,
+    )
+
+
+async def federated_page(request: Request) -> HTMLResponse:
+    """The federated tasks; the page's script lists them with the analyst key."""
+    health = await run_in_threadpool(_health, _service(request))
+    return _render(request, "federated.html", page="federated", health=health)
+
+
+async def task_page(request: Request) -> HTMLResponse:
+    """One federated task; its status is fetched by the page's script with the key (a
+    task's existence is not public, so the page is the same for any well-formed name)."""
+    name = str(request.path_params["name"])
+    health = await run_in_threadpool(_health, _service(request))
+    if not METRIC_NAME.match(name):
+        return _render(
+            request, "missing.html", 404, page="missing", what=f"task {name}", health=health
+        )
+    return _render(request, "task.html", page="task", task=name, health=health)
+
+
+# Plain routes, as FastAPI's own documentation pages are: outside the OpenAPI document,
+# which describes the JSON API.
+router.add_route(f"{UI_PREFIX}/", overview, methods=["GET"], include_in_schema=False)
+router.add_route(
+    f"{UI_PREFIX}/metrics/{{name}}", metric_page, methods=["GET"], include_in_schema=False
+)
+router.add_route(f"{UI_PREFIX}/federated", federated_page, methods=["GET"], include_in_schema=False)
+router.add_route(
+    f"{UI_PREFIX}/federated/{{name}}", task_page, methods=["GET"], include_in_schema=False
+)
+
+
+class DashboardHeaders:
+    """ASGI middleware: the security headers (``SECURITY_HEADERS``) on every response
+    under ``/ui``, pages, assets and errors alike, and ``Cache-Control: no-cache`` where
+    none is set (assets are revalidated by their ``ETag``, so a new version is used at
+    once)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if path != UI_PREFIX and not path.startswith(f"{UI_PREFIX}/"):
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                kept = [
+                    (name, value)
+                    for name, value in message.get("headers", [])
+                    if name.lower() not in _SECURITY_HEADER_NAMES
+                ]
+                if not any(name.lower() == b"cache-control" for name, _ in kept):
+                    kept.append((b"cache-control", b"no-cache"))
+                message["headers"] = [*kept, *SECURITY_HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+def add_dashboard(app: FastAPI) -> None:
+    """Serve the dashboard: its pages, its assets under ``/ui/static``, its headers."""
+    app.include_router(router)
+    app.mount(STATIC_URL, StaticFiles(directory=ui_directory() / "static"), name="ui-static")
+    app.add_middleware(DashboardHeaders)

@@ -1,0 +1,499 @@
+// One metric's page: with the analyst key, the estimate over the chosen window and the
+// series of that window (GET /v1/metrics/{name}/estimate and /series; heavy hitters for
+// the discovery mechanisms).
+import {
+  api,
+  count,
+  el,
+  explain,
+  fillRows,
+  number,
+  onKeyChange,
+  percent,
+  percentInterval,
+  percentTick,
+  say,
+  utc,
+} from "./common.js";
+import { COLORS, bandChart, barChart, countChart } from "./charts.js";
+
+const root = document.getElementById("metric");
+const metric = {
+  name: root.dataset.name,
+  version: Number(root.dataset.version),
+  kind: root.dataset.kind,
+  mechanism: root.dataset.mechanism,
+  labeled: root.dataset.labeled === "true",
+  discovers: root.dataset.mechanism === "pem" || root.dataset.mechanism === "sfp",
+};
+const path = "/v1/metrics/" + encodeURIComponent(metric.name);
+const HOUR = 3600e3;
+const DAY = 24 * HOUR;
+const SPANS = { "24h": DAY, "7d": 7 * DAY, "30d": 30 * DAY, "90d": 90 * DAY };
+// Windows up to this long are shown in hourly steps when the step is automatic.
+const HOURLY_UP_TO = 7 * DAY;
+
+const form = document.getElementById("window-form");
+const preset = document.getElementById("window-preset");
+const stepChoice = document.getElementById("window-step");
+const customRange = document.getElementById("custom-range");
+const customStart = document.getElementById("window-start");
+const customEnd = document.getElementById("window-end");
+const itemChoice = document.getElementById("series-item");
+const postprocessedToggle = document.getElementById("show-postprocessed");
+
+let generation = 0; // answers to an earlier choice of window are dropped
+let shownEstimate = null;
+let shownSeries = null;
+let pickedItem = null; // the series item the user chose, kept across windows
+
+// --- the window ----------------------------------------------------------------------------
+
+function floorTo(ms, unit) {
+  return Math.floor(ms / unit) * unit;
+}
+
+function ceilTo(ms, unit) {
+  return Math.ceil(ms / unit) * unit;
+}
+
+/** "2026-11-22T10:00" for a datetime-local input (shown and read as UTC). */
+function localInput(ms) {
+  return new Date(ms).toISOString().slice(0, 16);
+}
+
+/** A datetime-local input's value read as UTC (NaN when it is not a time). */
+function utcInput(value) {
+  return Date.parse(value + (value.length === 16 ? ":00Z" : "Z"));
+}
+
+function isoTime(ms) {
+  return new Date(ms).toISOString().replace(".000Z", "Z");
+}
+
+/**
+ * The chosen window, on the grid of its step: ``{start, end, step}`` (milliseconds).
+ * Presets end with the current step; a custom range is widened to whole steps, as the
+ * series endpoint widens it.
+ */
+function chosenWindow() {
+  let start;
+  let end;
+  if (preset.value === "custom") {
+    start = utcInput(customStart.value);
+    end = utcInput(customEnd.value);
+    if (!(start < end)) return null;
+  } else {
+    end = ceilTo(Date.now() + 1, HOUR);
+    start = end - SPANS[preset.value];
+  }
+  let step = stepChoice.value;
+  if (step === "auto") step = end - start <= HOURLY_UP_TO ? "1h" : "1d";
+  const unit = step === "1h" ? HOUR : DAY;
+  return { start: floorTo(start, unit), end: ceilTo(end, unit), step };
+}
+
+/** The window's choice in the page's address (never the key), so a reload keeps it. */
+function remember() {
+  const query = new URLSearchParams(location.search);
+  query.set("window", preset.value);
+  query.set("step", stepChoice.value);
+  if (preset.value === "custom") {
+    query.set("from", customStart.value);
+    query.set("to", customEnd.value);
+  } else {
+    query.delete("from");
+    query.delete("to");
+  }
+  history.replaceState(null, "", "?" + query);
+}
+
+function restore() {
+  const query = new URLSearchParams(location.search);
+  const windowChoice = query.get("window");
+  if (windowChoice && (windowChoice in SPANS || windowChoice === "custom"))
+    preset.value = windowChoice;
+  const step = query.get("step");
+  if (["auto", "1h", "1d"].includes(step)) stepChoice.value = step;
+  customStart.value = query.get("from") || localInput(Date.now() - DAY);
+  customEnd.value = query.get("to") || localInput(ceilTo(Date.now(), HOUR));
+  customRange.hidden = preset.value !== "custom";
+}
+
+// --- loading -------------------------------------------------------------------------------
+
+async function load() {
+  const chosen = chosenWindow();
+  if (!chosen) {
+    say("window-summary", "The window's start must be before its end.", "error");
+    return;
+  }
+  remember();
+  const mine = ++generation;
+  const hourly = chosen.step === "1h";
+  document.getElementById("window-summary").textContent =
+    "Window " +
+    utc(chosen.start) +
+    " to " +
+    utc(chosen.end) +
+    " UTC, in steps of one " +
+    (hourly ? "hour" : "day") +
+    (metric.version ? " · version " + metric.version : "");
+  const params = {
+    start: isoTime(chosen.start),
+    end: isoTime(chosen.end),
+    version: metric.version,
+  };
+  if (metric.discovers) {
+    // A discovery metric without candidate strings of its own is estimated, and drawn
+    // over time, at the strings its reports reveal.
+    const found = await loadHeavyHitters(params, mine);
+    if (mine !== generation) return;
+    if (!metric.labeled && found.length) params.candidates = found;
+  }
+  const estimate = api(path + "/estimate", params).then(
+    (body) => mine === generation && showEstimate(body),
+    (error) => mine === generation && showNoEstimate(error),
+  );
+  const series = api(path + "/series", { ...params, step: chosen.step }).then(
+    (body) => mine === generation && showSeries(body),
+    (error) => mine === generation && showNoSeries(error),
+  );
+  await Promise.all([estimate, series]);
+}
+
+// --- the estimate ----------------------------------------------------------------------------
+
+/** "1 report", "12,000 reports". */
+function reports(n) {
+  return count(n) + (n === 1 ? " report" : " reports");
+}
+
+function categoryName(item) {
+  return item.label ?? "#" + item.index;
+}
+
+function showFacts(body) {
+  const facts = [
+    "n = " +
+      reports(body.n) +
+      " in " +
+      body.buckets +
+      " time bucket" +
+      (body.buckets === 1 ? "" : "s"),
+    "ε = " + number(body.epsilon),
+  ];
+  if (body.epsilon_report !== null && body.epsilon_report !== undefined) {
+    facts.push("ε per report = " + number(body.epsilon_report));
+  }
+  if (body.resolved_mechanism && body.resolved_mechanism !== body.mechanism) {
+    facts.push("mechanism " + body.mechanism + " → " + body.resolved_mechanism);
+  }
+  if (body.suppressed_buckets) {
+    facts.push(
+      reports(body.suppressed_reports) +
+        " in " +
+        body.suppressed_buckets +
+        " time bucket(s) below the release threshold of " +
+        count(body.min_reports) +
+        " left out",
+    );
+  }
+  document
+    .getElementById("estimate-facts")
+    .replaceChildren(...facts.map((text) => el("span", { className: "fact" }, text)));
+}
+
+function showEstimate(body) {
+  say("estimate-message", "");
+  showEstimateParts(true);
+  shownEstimate = body;
+  showFacts(body);
+  if (body.kind === "categorical") showCategorical(body);
+  else if (body.kind === "numeric") showMean(body);
+  else showStrings(body);
+  if (shownSeries) showSeries(shownSeries); // the default series item follows the estimate
+}
+
+function showEstimateParts(shown) {
+  for (const id of [
+    "estimate-chart-box",
+    "estimate-toggle",
+    "estimate-table",
+    "strings-table",
+    "mean-summary",
+  ]) {
+    const part = document.getElementById(id);
+    if (part) part.hidden = !shown;
+  }
+}
+
+function showNoEstimate(error) {
+  shownEstimate = null;
+  showEstimateParts(false);
+  say(
+    "estimate-message",
+    "No estimate for this window: " + explain(error),
+    error.status === 409 ? "info" : "error",
+  );
+  document.getElementById("estimate-facts").replaceChildren();
+  const chart = document.getElementById("estimate-chart");
+  if (chart) window.Chart.getChart(chart)?.destroy();
+  for (const id of ["estimate-table", "strings-table"]) {
+    const table = document.getElementById(id);
+    if (table) table.tBodies[0].replaceChildren();
+  }
+  document.getElementById("mean-summary")?.replaceChildren();
+}
+
+function drawBars(body) {
+  const canvas = document.getElementById("estimate-chart");
+  const labels = body.estimates.map(categoryName);
+  if (postprocessedToggle.checked) {
+    barChart(canvas, {
+      labels,
+      values: body.postprocessed.map((item) => item.frequency),
+      label: "post-processed frequency",
+      format: percent,
+      tick: percentTick,
+      color: COLORS.postprocessed,
+    });
+  } else {
+    barChart(canvas, {
+      labels,
+      values: body.estimates.map((item) => item.frequency),
+      intervals: body.estimates.map((item) => [item.ci_low, item.ci_high]),
+      label: "frequency",
+      format: percent,
+      tick: percentTick,
+    });
+  }
+}
+
+function showCategorical(body) {
+  drawBars(body);
+  fillRows(
+    document.getElementById("estimate-table").tBodies[0],
+    body.estimates.map((item, i) => [
+      categoryName(item),
+      percent(item.frequency),
+      percentInterval(item.ci_low, item.ci_high),
+      percent(item.std),
+      count(item.count),
+      percent(body.postprocessed[i].frequency),
+    ]),
+  );
+}
+
+function showMean(body) {
+  const summary = document.getElementById("mean-summary");
+  summary.replaceChildren(
+    el("div", { className: "mean-value" }, number(body.mean, 5)),
+    el(
+      "p",
+      {},
+      "95% interval " +
+        number(body.ci_low, 5) +
+        " to " +
+        number(body.ci_high, 5) +
+        " around the reporting users' own mean (std " +
+        number(body.std) +
+        ", " +
+        body.std_method +
+        ")",
+    ),
+    el(
+      "p",
+      {},
+      "95% interval " +
+        number(body.population_ci_low, 5) +
+        " to " +
+        number(body.population_ci_high, 5) +
+        " around the mean of the population they came from (std " +
+        number(body.population_std) +
+        ")",
+    ),
+    el(
+      "p",
+      { className: "muted small" },
+      "Values clipped to [" +
+        number(body.lower) +
+        ", " +
+        number(body.upper) +
+        "]; mean kept inside them (post-processed): " +
+        number(body.postprocessed_mean, 5),
+    ),
+  );
+}
+
+function showStrings(body) {
+  const items = [...body.candidates].sort((a, b) => b.frequency - a.frequency);
+  fillRows(
+    document.getElementById("strings-table").tBodies[0],
+    items.map((item) => [
+      el("td", { className: "string" }, item.string),
+      percent(item.frequency),
+      percentInterval(item.ci_low, item.ci_high),
+      percent(item.std),
+      count(item.count),
+      item.detected === null || item.detected === undefined ? "–" : item.detected ? "yes" : "no",
+    ]),
+  );
+  if (body.explained_mass !== null && body.explained_mass !== undefined) {
+    document
+      .getElementById("estimate-facts")
+      .append(
+        el("span", { className: "fact" }, "candidates explain " + percent(body.explained_mass)),
+        el(
+          "span",
+          { className: "fact" },
+          "detection limit " + percent(body.smallest_detectable_frequency),
+        ),
+      );
+  }
+}
+
+/** Show the window's heavy hitters; resolves to the strings found (none on a refusal). */
+async function loadHeavyHitters(params, mine) {
+  const k = document.getElementById("heavy-k").value;
+  const table = document.getElementById("heavy-table").tBodies[0];
+  try {
+    const body = await api(path + "/heavy-hitters", { ...params, k });
+    if (mine !== generation) return [];
+    say("heavy-message", body.heavy_hitters.length ? "" : "No string was found in this window.");
+    fillRows(
+      table,
+      body.heavy_hitters.map((item) => [
+        el("td", { className: "string" }, item.string),
+        percent(item.frequency),
+        percentInterval(item.ci_low, item.ci_high),
+        percent(item.std),
+        count(item.count),
+      ]),
+    );
+    return body.heavy_hitters.map((item) => item.string);
+  } catch (error) {
+    if (mine === generation) {
+      table.replaceChildren();
+      say("heavy-message", "No heavy hitters for this window: " + explain(error));
+    }
+    return [];
+  }
+}
+
+// --- the series ------------------------------------------------------------------------------
+
+/** The values a series can be drawn for: categories or candidate strings (none for a mean). */
+function seriesItems(body) {
+  const first = body.steps.find((step) => step.estimate)?.estimate;
+  if (!first || body.kind === "numeric") return [];
+  if (body.kind === "categorical") return first.estimates.map(categoryName);
+  return first.candidates.map((item) => item.string);
+}
+
+/** The item drawn by default: the most frequent in the window's estimate. */
+function defaultItem(items) {
+  const rows = shownEstimate?.estimates || shownEstimate?.candidates;
+  if (!rows || !rows.length) return 0;
+  let best = 0;
+  rows.forEach((row, i) => {
+    if (row.frequency > rows[best].frequency) best = i;
+  });
+  return Math.min(best, items.length - 1);
+}
+
+function pointOf(estimate, kind, index) {
+  if (!estimate) return [null, null, null];
+  if (kind === "numeric") return [estimate.mean, estimate.ci_low, estimate.ci_high];
+  const row = kind === "categorical" ? estimate.estimates[index] : estimate.candidates[index];
+  return [row.frequency, row.ci_low, row.ci_high];
+}
+
+function showSeries(body) {
+  say("series-message", "");
+  shownSeries = body;
+  const hourly = body.step === "1h";
+  const labels = body.steps.map((step) => utc(step.start, hourly));
+  const items = seriesItems(body);
+  const index = pickedItem !== null && pickedItem < items.length ? pickedItem : defaultItem(items);
+  const anyEstimate = body.steps.some((step) => step.estimate);
+  document.getElementById("series-chart-box").hidden = !anyEstimate;
+  document.getElementById("series-item-choice")?.toggleAttribute("hidden", !items.length);
+  if (!anyEstimate) {
+    say(
+      "series-message",
+      "No step of this window has an estimate: none has a time bucket holding the " +
+        reports(body.min_reports) +
+        " of the release threshold. Reports per step below.",
+    );
+  }
+  if (itemChoice) {
+    itemChoice.replaceChildren(...items.map((item, i) => el("option", { value: String(i) }, item)));
+    itemChoice.value = String(index);
+  }
+  const points = body.steps.map((step) => pointOf(step.estimate, body.kind, index));
+  const numeric = body.kind === "numeric";
+  bandChart(document.getElementById("series-chart"), {
+    labels,
+    values: points.map((point) => point[0]),
+    lows: points.map((point) => point[1]),
+    highs: points.map((point) => point[2]),
+    label: numeric ? "mean" : "frequency of " + (items[index] ?? ""),
+    format: numeric ? (value) => number(value) : percent,
+    tick: numeric ? (value) => number(value) : percentTick,
+  });
+  const released = body.steps.map((step) => (step.estimate ? step.estimate.n : 0));
+  countChart(document.getElementById("series-n-chart"), {
+    labels,
+    released,
+    suppressed: body.steps.map((step, i) => step.n - released[i]),
+  });
+  const withEstimate = body.steps.filter((step) => step.estimate).length;
+  const below = body.steps.filter((step) => !step.estimate && step.n > 0).length;
+  const total = body.steps.reduce((sum, step) => sum + step.n, 0);
+  document.getElementById("series-summary").textContent =
+    body.steps.length +
+    " steps · " +
+    withEstimate +
+    " with an estimate · " +
+    below +
+    " with reports but below the release threshold (" +
+    reports(body.min_reports) +
+    " in one time bucket) · " +
+    reports(total) +
+    " in all";
+}
+
+function showNoSeries(error) {
+  shownSeries = null;
+  say("series-message", "No series for this window. " + explain(error), "error");
+  for (const id of ["series-chart", "series-n-chart"]) {
+    window.Chart.getChart(document.getElementById(id))?.destroy();
+  }
+  document.getElementById("series-summary").textContent = "";
+}
+
+// --- wiring ------------------------------------------------------------------------------------
+
+restore();
+form.addEventListener("submit", (event) => {
+  event.preventDefault();
+  load();
+});
+preset.addEventListener("change", () => {
+  customRange.hidden = preset.value !== "custom";
+  if (preset.value !== "custom") load();
+});
+stepChoice.addEventListener("change", () => load());
+itemChoice?.addEventListener("change", () => {
+  pickedItem = Number(itemChoice.value);
+  if (shownSeries) showSeries(shownSeries);
+});
+postprocessedToggle?.addEventListener("change", () => shownEstimate && drawBars(shownEstimate));
+document.getElementById("heavy-k")?.addEventListener("change", () => load());
+
+onKeyChange((hasKey) => {
+  document.getElementById("needs-key").hidden = hasKey;
+  document.getElementById("analysis").hidden = !hasKey;
+  if (hasKey) load();
+});
