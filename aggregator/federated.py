@@ -29,12 +29,19 @@ done is ``completed``, and one whose next round would exceed its privacy budget 
 non-finite values (ArithmeticError or ValueError) is restarted as a short one is, logged
 and counted in ``ldp_federated_failed_rounds``, and the task goes on.
 
+Silo mode (record-level DP-SGD in each silo): a round charges the ``s`` DP-SGD steps of
+a silo that takes part, and the status reports the epsilon per record of a silo that took
+part in every closed round (``silo_steps`` steps so far): no silo has spent more. A task
+with a noise multiplier and a target epsilon runs until the next round would pass the
+target, and is then ``budget_exhausted``.
+
 Uploads. An upload names its round and carries the update as base64 of little-endian
 float64. It is refused, with nothing stored, when the task is unknown or finished, the
 round is not the open one (or is full), the vector has the wrong length or a NaN or infinity, or (in
 the local and distributed modes, where the upload carries its own noise) its L2 norm
 exceeds what an honest client's clipped and noised update reaches but with probability
-below exp(-50). In the central mode the server clips whatever arrives to C instead. The
+below exp(-50). In the central mode the server clips whatever arrives to C instead; in the
+silo mode an update (the outcome of DP-SGD steps) has no norm bound to check. The
 unclipped bit of an adaptive-clipping task is refused in the distributed mode outside
 the range an honest noisy bit leaves with probability below 2^-60
 (:meth:`shared.federated.privacy.DPConfig.unclipped_range`); in the central mode the
@@ -392,6 +399,9 @@ class Federated:
             delta=state.config.delta,
             noise_multiplier=state.noise_multiplier,
             clip_norm=state.clip_norm,
+            silo_steps=(
+                None if state.config.dpsgd is None else state.round * state.config.dpsgd.steps
+            ),
             updates_received=received,
             deadline=row.deadline,
             participants=[r.participants for r in state.history],

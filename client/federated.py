@@ -8,8 +8,8 @@ the aggregator (``/v1/federated/...``). Each round it:
    CSPRNG: the server's accounting assumes exactly that), once per draw of the round: a
    round the aggregator restarted (too few uploads by its deadline, the uploads
    discarded) comes back as a new ``attempt``, and the device decides again;
-3. trains locally from the global parameters (``shared.federated.fedavg.client_update``)
-   on its own data, which never leaves the device;
+3. trains locally from the global parameters (``shared.federated.task.local_update``:
+   local SGD, or DP-SGD in the silo mode) on its own data, which never leaves the device;
 4. clips the update and adds its share of the noise for the task's mode
    (``shared.federated.privacy.privatize``: the same function the simulations run); the
    bit saying whether the update needed clipping is sent only where adaptive clipping
@@ -45,6 +45,16 @@ says what it computed and its cap) when that exceeds the cap. By mode:
     once one more would pass the cap it stops (:class:`DeviceBudgetExhaustedError`). A
     server that changes ``z`` or ``C`` from round to round is charged round by round; a
     lower ``z`` is refused as soon as the plan at it passes the cap.
+``silo``
+    the device is a silo holding many records and protects each record: it runs the
+    task's DP-SGD over its records (``shared.federated.dpsgd``: per-record clipping to
+    the served ``C``, noise at the served ``z`` from the OS CSPRNG, ``s`` steps at the
+    record rate ``q_r``) and uploads the difference of its parameters. This too the
+    device verifies fully, as in the local mode: the plan is ``T s`` releases at
+    ``(z, q_r)``, and the ledger charges the ``s`` releases of every upload before it is
+    trained. A silo refuses to train past its budget: the smaller of ``max_epsilon`` and
+    the task's own ``target_epsilon`` (per record, at ``delta``), checked against the
+    ledger before each upload (:class:`DeviceBudgetExhaustedError`).
 ``central`` and ``distributed``
     the device's clipped update leaves with no noise (central) or a share too small to
     protect it alone (distributed, whose guarantee needs secure aggregation, which this
@@ -70,7 +80,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import random
 import time
 import uuid
@@ -87,10 +96,10 @@ from pydantic import ConfigDict, PrivateAttr
 from client.federated_ledger import FederatedLedger, device_epsilon
 from client.transport import RETRYABLE_STATUS, RetryPolicy, retry_after_seconds
 from shared.caps import within_cap
-from shared.federated.fedavg import client_update
 from shared.federated.messages import RoundOut, UpdateUpload, decode_vector, encode_vector
 from shared.federated.models import Model, make_model
 from shared.federated.privacy import DPConfig, privatize
+from shared.federated.task import local_update
 from shared.randomness import RandomSource
 
 __all__ = [
@@ -165,6 +174,7 @@ class RoundInfo(RoundOut):
             self.expected_clients,
             self.sample_rate,
             self.config.adaptive(),
+            self.config.record_sampling(),
         )
 
 
@@ -248,9 +258,10 @@ class FederatedClient:
     def run_round(self, round_info: RoundInfo | None = None) -> RoundResult:
         """Take part in the open round (fetched unless given) with probability q.
 
-        In the local mode the upload is charged to the device's ledger before it is
-        trained, noised and sent; DeviceBudgetExhaustedError (nothing sent) when it would
-        take the device past ``max_epsilon``.
+        In the local and silo modes the upload is charged to the device's ledger before it
+        is trained, noised and sent; DeviceBudgetExhaustedError (nothing sent) when it
+        would take the device past its cap (``max_epsilon``; in the silo mode also the
+        task's ``target_epsilon``).
         """
         info = round_info or self.fetch_round()
         self._check_task(info)
@@ -263,13 +274,12 @@ class FederatedClient:
                 f"the model has {model.num_params} parameters; the task's has {info.vector.size}"
             )
         dp = info.dp()
-        if dp.mode == "local":
+        if dp.noised_on_device:
             self._charge(info)
-        training = info.config.local_training.training()
-        # Local SGD's batch order: from the OS when no generator is given (not secret:
-        # the noise below is what protects the data, drawn from the OS CSPRNG).
-        generator = self.rng or np.random.default_rng(int.from_bytes(os.urandom(16), "big"))
-        update = client_update(model, info.vector, self._x, self._y, training, generator)
+        update = local_update(
+            info.config, model, info.vector, self._x, self._y, info.noise_multiplier,
+            info.clip_norm, self.rng,
+        )  # fmt: skip
         contribution = privatize(update, dp, info.clip_norm, self.rng)
         body = UpdateUpload(
             update_id=uuid.uuid4(),
@@ -339,6 +349,7 @@ class FederatedClient:
         the Gaussian at ``z`` Poisson-subsampled at the served ``q``; distributed: the same
         at ``z sqrt(min_clients / (q W))``, the noise of the fewest shares a round may
         close with (``DPConfig.accounting_noise_multiplier``, as the server charges);
+        silo: ``T s`` DP-SGD steps at ``z``, each subsampling the records at ``q_r``;
         ``inf`` without noise. At ``delta = min(max_delta, the task's delta)``, by
         :func:`client.federated_ledger.device_epsilon`; the advertised target is not used.
         """
@@ -347,7 +358,8 @@ class FederatedClient:
             return math.inf
         multiplier = dp.accounting_noise_multiplier(info.config.min_clients)
         delta = min(self.max_delta, info.config.delta)
-        return device_epsilon({multiplier: info.config.rounds}, dp.accounting_sample_rate, delta)
+        releases = {multiplier: info.config.rounds * dp.releases_per_round}
+        return device_epsilon(releases, dp.accounting_sample_rate, delta)
 
     # --- plumbing --------------------------------------------------------------------
 
@@ -390,18 +402,33 @@ class FederatedClient:
             )
 
     def _charge(self, info: RoundInfo) -> None:
-        """Charge one local-mode upload (a Gaussian release at ``z / 2``) to the ledger."""
-        multiplier = info.dp().accounting_noise_multiplier(1)
+        """Charge one upload to the ledger: a local-mode Gaussian release at ``z / 2``, or
+        a silo's ``s`` DP-SGD steps at ``(z, q_r)``; refused past :meth:`_cap`."""
+        dp = info.dp()
         delta = min(self.max_delta, info.config.delta)
-        charge = self._ledger.charge(multiplier, delta, self.max_epsilon)
+        cap = self._cap(info)
+        charge = self._ledger.charge(
+            dp.accounting_noise_multiplier(1), delta, cap,
+            sample_rate=dp.accounting_sample_rate, releases=dp.releases_per_round,
+        )  # fmt: skip
         if not charge.charged:
-            uploads = sum(self._ledger.releases().values())
+            assert cap is not None and charge.epsilon is not None
             raise DeviceBudgetExhaustedError(
                 f"task {self.task!r}: one more upload (round {info.round}, attempt "
                 f"{info.attempt}, noise multiplier {info.noise_multiplier:g}) would bring "
                 f"this device's epsilon to {charge.epsilon:.4g} at delta {charge.delta:g}, "
-                f"past its cap of {self.max_epsilon:g}, after {uploads} uploads"
+                f"past its cap of {cap:g}, after {self._ledger.uploads()} uploads"
             )
+
+    def _cap(self, info: RoundInfo) -> float | None:
+        """The epsilon this device's uploads to the task may reach: ``max_epsilon``, and in
+        the silo mode the task's ``target_epsilon`` too (a silo trains no further than the
+        budget its task names); None when neither applies."""
+        caps = [self.max_epsilon]
+        if info.config.mode == "silo":
+            caps.append(info.config.target_epsilon)
+        given = [cap for cap in caps if cap is not None]
+        return min(given) if given else None
 
     def _sampled(self, rate: float) -> bool:
         if rate >= 1.0:

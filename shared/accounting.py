@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:  # pragma: no cover - typing only, never executed at runtime
@@ -41,10 +41,13 @@ __all__ = [
     "MAX_PLD_POINTS",
     "AccountingMethod",
     "GaussianRoundsAccountant",
+    "Releases",
     "calibrate_noise_multiplier",
     "gaussian_epsilon",
     "gaussian_rounds_epsilon",
     "pld_discretization",
+    "releases_discretization",
+    "releases_epsilon",
 ]
 
 AccountingMethod = Literal["pld", "rdp"]
@@ -154,37 +157,52 @@ def _make_accountant(
     return rdp.RdpAccountant()
 
 
+#: Gaussian releases by their parameters: ``{(noise_multiplier, sample_rate): count}``.
+Releases = dict[tuple[float, float], int]
+
+
+def _releases_accountant(
+    releases: Releases, method: AccountingMethod, value_discretization_interval: float
+) -> PrivacyAccountant:
+    accountant = _make_accountant(method, value_discretization_interval)
+    for (z, q), count in sorted(releases.items()):
+        accountant.compose(_subsampled_gaussian_event(z, q, count))
+    return accountant
+
+
 def _rounds_accountant(
     rounds: dict[float, int],
     sample_rate: float,
     method: AccountingMethod,
     value_discretization_interval: float,
 ) -> PrivacyAccountant:
-    accountant = _make_accountant(method, value_discretization_interval)
-    for z, count in sorted(rounds.items()):
-        accountant.compose(_subsampled_gaussian_event(z, sample_rate, count))
-    return accountant
+    return _releases_accountant(
+        _at_rate(rounds, sample_rate), method, value_discretization_interval
+    )
 
 
-def _loss_range(rounds: dict[float, int], sample_rate: float) -> float:
+def _at_rate(rounds: dict[float, int], sample_rate: float) -> Releases:
+    return {(z, sample_rate): count for z, count in rounds.items()}
+
+
+def _loss_range(releases: Releases) -> float:
     """An upper estimate ``W`` of the privacy-loss range (nats) the PLD grid must cover.
 
-    For each multiplier ``z`` run ``n`` times, the composed loss ``L`` exceeds the RDP
-    bound ``eps_RDP(tau)`` (the RDP conversion at delta ``tau``, Mironov 2017) with
-    probability at most ``tau``, and falls below ``-log(2 / tau)`` with probability at
-    most ``tau / 2`` (Markov on ``E[exp(-L)] = 1``). dp-accounting bounds the composed
-    range with Chernoff orders no larger than ``20 / (one round's grid)``, which widens it
-    by about one round's loss range; one unsampled Gaussian round's losses lie in
-    ``mu^2 / 2 +- 8 mu`` with ``mu = 1 / z``, a width below ``1 / z^2 + 16 / z``, and
-    sampling only narrows it. Composing the multipliers adds their ranges::
+    For each multiplier ``z`` (at sampling rate ``q``) run ``n`` times, the composed loss
+    ``L`` exceeds the RDP bound ``eps_RDP(tau)`` (the RDP conversion at delta ``tau``,
+    Mironov 2017) with probability at most ``tau``, and falls below ``-log(2 / tau)``
+    with probability at most ``tau / 2`` (Markov on ``E[exp(-L)] = 1``). dp-accounting
+    bounds the composed range with Chernoff orders no larger than ``20 / (one round's
+    grid)``, which widens it by about one round's loss range; one unsampled Gaussian
+    round's losses lie in ``mu^2 / 2 +- 8 mu`` with ``mu = 1 / z``, a width below
+    ``1 / z^2 + 16 / z``, and sampling only narrows it. Composing the releases adds their
+    ranges::
 
-        W = sum_z [ eps_RDP,z(tau) + log(2 / tau) + 1 / z^2 + 16 / z ]
+        W = sum_(z, q) [ eps_RDP,z,q(tau) + log(2 / tau) + 1 / z^2 + 16 / z ]
     """
     width = 0.0
-    for z, count in rounds.items():
-        upper = float(_rounds_accountant({z: count}, sample_rate, "rdp", 1.0).get_epsilon(
-            _PLD_TAIL_MASS
-        ))
+    for (z, q), count in releases.items():
+        upper = float(_releases_accountant({(z, q): count}, "rdp", 1.0).get_epsilon(_PLD_TAIL_MASS))
         width += upper + math.log(2.0 / _PLD_TAIL_MASS) + z**-2 + 16.0 / z
     return width
 
@@ -192,21 +210,27 @@ def _loss_range(rounds: dict[float, int], sample_rate: float) -> float:
 def pld_discretization(
     rounds: dict[float, int], sample_rate: float, value_discretization_interval: float
 ) -> float:
-    """The PLD interval used for ``rounds``: the requested one, or coarser if needed.
+    """The PLD interval used for ``rounds`` at ``sample_rate``: the requested one, or
+    coarser if needed (:func:`releases_discretization` of the same releases)."""
+    return releases_discretization(_at_rate(rounds, sample_rate), value_discretization_interval)
+
+
+def releases_discretization(releases: Releases, value_discretization_interval: float) -> float:
+    """The PLD interval used for ``releases``: the requested one, or coarser if needed.
 
     ``max(h, W / MAX_PLD_POINTS)`` with ``W`` from :func:`_loss_range`, so that the grid
     of the composition holds at most about ``MAX_PLD_POINTS`` points whatever the rounds,
-    sampling rate and multipliers. A coarser interval is still a valid upper bound on
+    sampling rates and multipliers. A coarser interval is still a valid upper bound on
     epsilon: dp-accounting rounds every loss up (pessimistic estimate; Koskela et al.
     2020, Doroshenko et al. 2022) and moves truncated tails to the infinite loss.
-    Costs one RDP evaluation per distinct multiplier.
+    Costs one RDP evaluation per distinct release.
 
     Raises:
-        ValueError: when no finite range bounds the losses (the rounds are not private).
+        ValueError: when no finite range bounds the losses (the releases are not private).
     """
-    width = _loss_range(rounds, sample_rate)
+    width = _loss_range(releases)
     if not math.isfinite(width):
-        raise ValueError(f"the privacy loss of rounds {rounds} at q={sample_rate:g} is unbounded")
+        raise ValueError(f"the privacy loss of releases {releases} is unbounded")
     return max(value_discretization_interval, width / MAX_PLD_POINTS)
 
 
@@ -217,16 +241,28 @@ def _rounds_epsilon(
     method: AccountingMethod,
     value_discretization_interval: float,
 ) -> float:
-    """Epsilon of validated, non-empty ``rounds``; PLD on a grid of bounded size.
+    """Epsilon of validated, non-empty ``rounds`` at one sampling rate."""
+    return _releases_epsilon(
+        _at_rate(rounds, sample_rate), delta, method, value_discretization_interval
+    )
+
+
+def _releases_epsilon(
+    releases: Releases,
+    delta: float,
+    method: AccountingMethod,
+    value_discretization_interval: float,
+) -> float:
+    """Epsilon of validated, non-empty ``releases``; PLD on a grid of bounded size.
 
     Losses so large that the PLD grid's interval overflows a float's exponential are
     answered with ``inf``, an upper bound like any other.
     """
     interval = value_discretization_interval
     if method == "pld":
-        interval = pld_discretization(rounds, sample_rate, interval)
+        interval = releases_discretization(releases, interval)
     try:
-        accountant = _rounds_accountant(rounds, sample_rate, method, interval)
+        accountant = _releases_accountant(releases, method, interval)
     except OverflowError:
         return math.inf
     return float(accountant.get_epsilon(delta))
@@ -374,9 +410,7 @@ def calibrate_noise_multiplier(
     return _solve_decreasing(gap("pld"), start, start / 2.0, tolerance)
 
 
-def _solve_decreasing(
-    gap: Callable[[float], float], high: float, low: float, tol: float
-) -> float:
+def _solve_decreasing(gap: Callable[[float], float], high: float, low: float, tol: float) -> float:
     """The smallest ``z`` (within ``tol``) with ``gap(z) <= 0``, for ``gap`` decreasing.
 
     ``high`` doubles while ``gap(high) > 0`` and ``low`` halves while ``gap(low) <= 0``;
@@ -408,37 +442,64 @@ def gaussian_rounds_epsilon(
 ) -> float:
     """Epsilon at ``delta`` of rounds of the Poisson-subsampled Gaussian whose noise differs.
 
-    ``rounds`` maps a noise multiplier ``z`` to the number of rounds run with it; the
-    events ``SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(z)), count)`` are
-    composed in one accountant (RDP adds the orders' divergences, PLD convolves the loss
-    distributions, on a grid of at most about ``MAX_PLD_POINTS`` points). With a single
+    ``rounds`` maps a noise multiplier ``z`` to the number of rounds run with it, all at
+    sampling rate ``q``: :func:`releases_epsilon` of ``{(z, q): count}``. With a single
     ``z`` this is :func:`gaussian_epsilon`. No rounds at all spend nothing: epsilon 0.
 
     Raises:
         ValueError: on any invalid argument; the message names it and its value.
     """
     q = _check_sample_rate(sample_rate)
+    return releases_epsilon(
+        {(z, q): count for z, count in rounds.items()},
+        delta,
+        method,
+        value_discretization_interval=value_discretization_interval,
+    )
+
+
+def releases_epsilon(
+    releases: Mapping[tuple[float, float], int],
+    delta: float,
+    method: AccountingMethod = "pld",
+    *,
+    value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
+) -> float:
+    """Epsilon at ``delta`` of Poisson-subsampled Gaussian releases whose parameters differ.
+
+    ``releases`` maps ``(z, q)``, a noise multiplier and a sampling rate, to the number of
+    releases made with them: DP-SGD steps (Abadi et al. 2016), federated rounds, or both,
+    as for a silo whose steps at one rate are composed with those at another. The events
+    ``SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(z)), count)`` are
+    composed in one accountant (RDP adds the orders' divergences, PLD convolves the loss
+    distributions, on a grid of at most about ``MAX_PLD_POINTS`` points). No releases at
+    all spend nothing: epsilon 0.
+
+    Raises:
+        ValueError: on any invalid argument; the message names it and its value.
+    """
     d = _check_delta(delta)
     m = _check_method(method)
     vdi = _positive_finite("value_discretization_interval", value_discretization_interval)
-    checked: dict[float, int] = {}
-    for z, count in rounds.items():
-        key = _positive_finite("noise_multiplier", z)
+    checked: Releases = {}
+    for (z, q), count in releases.items():
+        key = (_positive_finite("noise_multiplier", z), _check_sample_rate(q))
         checked[key] = checked.get(key, 0) + _check_steps(count)
     if not checked:
         return 0.0
-    return _rounds_epsilon(checked, q, d, m, vdi)
+    return _releases_epsilon(checked, d, m, vdi)
 
 
 @dataclass
 class GaussianRoundsAccountant:
     """The running (epsilon, delta) of a sequence of Poisson-subsampled Gaussian rounds.
 
-    Holds how many rounds ran at each noise multiplier and answers
-    :func:`gaussian_rounds_epsilon` for them. ``epsilon_after(z)``
-    says what one more round at ``z`` would bring the total to, so that a caller can
-    refuse a round before it runs. A pure-math object: no I/O, persistence is the
-    caller's (``rounds`` is a plain dict of floats to ints).
+    Holds how many releases ran at each noise multiplier and answers
+    :func:`gaussian_rounds_epsilon` for them. ``epsilon_after(z, count)`` says what
+    ``count`` more releases at ``z`` would bring the total to (one federated round, or a
+    silo's DP-SGD steps of one round), so that a caller can refuse a round before it
+    runs. A pure-math object: no I/O, persistence is the caller's (``rounds`` is a plain
+    dict of floats to ints).
     """
 
     sample_rate: float
@@ -453,9 +514,10 @@ class GaussianRoundsAccountant:
         self.method = _check_method(self.method)
         self.rounds = {} if self.rounds is None else dict(self.rounds)
 
-    @staticmethod
-    def _key(noise_multiplier: float) -> float:
-        return _positive_finite("noise_multiplier", noise_multiplier)
+    def _with(self, noise_multiplier: float, count: int) -> dict[float, int]:
+        assert self.rounds is not None
+        key = _positive_finite("noise_multiplier", noise_multiplier)
+        return {**self.rounds, key: self.rounds.get(key, 0) + _check_steps(count)}
 
     def _epsilon(self, rounds: dict[float, int]) -> float:
         return gaussian_rounds_epsilon(
@@ -471,14 +533,11 @@ class GaussianRoundsAccountant:
         assert self.rounds is not None
         return self._epsilon(self.rounds)
 
-    def epsilon_after(self, noise_multiplier: float) -> float:
-        """Epsilon if one more round at ``noise_multiplier`` were recorded (nothing changes)."""
-        assert self.rounds is not None
-        key = self._key(noise_multiplier)
-        return self._epsilon({**self.rounds, key: self.rounds.get(key, 0) + 1})
+    def epsilon_after(self, noise_multiplier: float, count: int = 1) -> float:
+        """Epsilon if ``count`` more releases at ``noise_multiplier`` were recorded (nothing
+        changes)."""
+        return self._epsilon(self._with(noise_multiplier, count))
 
-    def record(self, noise_multiplier: float) -> None:
-        """Count one round run at ``noise_multiplier``."""
-        assert self.rounds is not None
-        key = self._key(noise_multiplier)
-        self.rounds[key] = self.rounds.get(key, 0) + 1
+    def record(self, noise_multiplier: float, count: int = 1) -> None:
+        """Count ``count`` releases run at ``noise_multiplier``."""
+        self.rounds = self._with(noise_multiplier, count)

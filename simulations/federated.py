@@ -16,11 +16,13 @@ Each run is one task (:class:`shared.federated.task.TaskState`, the same object 
 aggregator runs) in one privacy mode at one target epsilon (``inf``: clipping without
 noise), with per-mode defaults tuned on digits (``MODE_DEFAULTS``): every round each
 client takes part with probability q (Poisson sampling), trains locally from the global
-model, privatizes its update (``privatize``), and the round is aggregated and charged
-(``TaskState.close_round``). The test accuracy of the global model is recorded after
-every round. In-process by default; with ``--over-http`` the same run goes through a
-real ``ldp-aggregator serve`` (``/v1/federated``) with ``client.FederatedClient``
-devices, and the accuracy is the one the server reports for its evaluation set.
+model (``local_update``: local SGD, or in the ``silo`` mode DP-SGD over its records, the
+epsilon then per record of a silo), privatizes its update (``privatize``), and the round
+is aggregated and charged (``TaskState.close_round``). The test accuracy of the global
+model is recorded after every round. In-process by default; with ``--over-http`` the
+same run goes through a real ``ldp-aggregator serve`` (``/v1/federated``) with
+``client.FederatedClient`` devices, and the accuracy is the one the server reports for
+its evaluation set.
 
 Output: a table on screen; with ``--out DIR``, ``results.csv`` (one row per dataset,
 partition, clients, mode and target epsilon: ``epsilon_spent``, ``final_accuracy`` and
@@ -32,6 +34,7 @@ non-private FedAvg as a dotted reference).
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import tempfile
 import time
@@ -43,26 +46,36 @@ import httpx
 import numpy as np
 from tqdm import tqdm
 
-from shared.federated.fedavg import client_update
 from shared.federated.models import ModelSpec, evaluate, make_model
 from shared.federated.privacy import privatize
-from shared.federated.task import TaskConfig, TaskState
+from shared.federated.task import TaskConfig, TaskState, local_update
 from simulations import report
 from simulations.text import HelpFormatter, counted
 
 if TYPE_CHECKING:
     from client.federated import FederatedClient, RoundInfo
 
-__all__ = ["MODE_DEFAULTS", "Dataset", "FederatedRun", "load_dataset", "register", "run_task"]
+__all__ = [
+    "MODE_DEFAULTS",
+    "Dataset",
+    "FederatedRun",
+    "load_dataset",
+    "load_examples",
+    "plot_accuracy_against_epsilon",
+    "register",
+    "run_task",
+]
 
-MODES = ("none", "local", "central", "distributed")
+MODES = ("none", "local", "central", "distributed", "silo")
 DATASETS = ("digits", "synthetic")
 PARTITIONS = ("iid", "label-skew")
 
 
 @dataclass(frozen=True)
 class ModeDefaults:
-    """Tuned per-mode settings (on digits; see the README's table)."""
+    """Tuned per-mode settings (on digits; see the README's table). In the silo mode the
+    clip norm bounds each record's gradient, and ``epochs`` and ``batch_size`` are each
+    silo's DP-SGD epochs per round and expected batch (see :func:`task_config`)."""
 
     clip_norm: float
     participation: float  # expected share of clients per round (q), capped by max_per_round
@@ -79,6 +92,7 @@ MODE_DEFAULTS: dict[str, ModeDefaults] = {
     "central": ModeDefaults(0.5, 0.2, 1000, 0.5, 5, 8, 0.9),
     "distributed": ModeDefaults(0.5, 0.2, 1000, 0.5, 5, 8, 0.9, min_share=0.8),
     "local": ModeDefaults(0.5, 1.0, 1000, 0.5, 5, 8, 0.9),
+    "silo": ModeDefaults(1.0, 1.0, 1000, 0.5, 1, 16, 0.5),
 }
 
 
@@ -95,9 +109,12 @@ class Dataset:
     num_classes: int
 
 
-def load_dataset(name: str, clients: int, partition: str, seed: int) -> Dataset:
-    """``name`` split over ``clients`` clients by ``partition`` (seeded)."""
-    rng = np.random.default_rng(seed)
+def load_examples(
+    name: str, rng: np.random.Generator, seed: int, synthetic_train: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(train_x, train_y, test_x, test_y)`` of ``name``: digits with 20% held out (the
+    split drawn from ``rng``), or ``synthetic_train`` synthetic examples and 5,000 held
+    out (generated from ``seed``)."""
     if name == "digits":
         from sklearn.datasets import load_digits
 
@@ -106,19 +123,24 @@ def load_dataset(name: str, clients: int, partition: str, seed: int) -> Dataset:
         order = rng.permutation(len(x))
         cut = int(round(0.8 * len(x)))
         train, test = order[:cut], order[cut:]
-        train_x, train_y, test_x, test_y = x[train], y[train], x[test], y[test]
-    elif name == "synthetic":
+        return x[train], y[train], x[test], y[test]
+    if name == "synthetic":
         from sklearn.datasets import make_classification
 
         held_out = 5000
         x, y = make_classification(
-            n_samples=2 * clients + held_out, n_features=20, n_informative=10, n_redundant=2,
-            n_classes=4, n_clusters_per_class=2, class_sep=1.5, random_state=seed,
+            n_samples=synthetic_train + held_out, n_features=20, n_informative=10,
+            n_redundant=2, n_classes=4, n_clusters_per_class=2, class_sep=1.5,
+            random_state=seed,
         )  # fmt: skip
-        train_x, train_y = x[held_out:], y[held_out:]
-        test_x, test_y = x[:held_out], y[:held_out]
-    else:
-        raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
+        return x[held_out:], y[held_out:], x[:held_out], y[:held_out]
+    raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
+
+
+def load_dataset(name: str, clients: int, partition: str, seed: int) -> Dataset:
+    """``name`` split over ``clients`` clients by ``partition`` (seeded)."""
+    rng = np.random.default_rng(seed)
+    train_x, train_y, test_x, test_y = load_examples(name, rng, seed, 2 * clients)
     if partition == "iid":
         order = rng.permutation(len(train_x))
     elif partition == "label-skew":
@@ -176,7 +198,12 @@ class FederatedRun:
 def task_config(
     data: Dataset, mode: str, epsilon: float, rounds: int, delta: float, model: str, seed: int
 ) -> TaskConfig:
-    """The task a run trains: the mode's defaults, the target epsilon (inf: no noise)."""
+    """The task a run trains: the mode's defaults, the target epsilon (inf: no noise).
+
+    In the silo mode (epsilon per record) each silo's DP-SGD samples its records at
+    ``q_r = B / n`` for ``ceil(E / q_r)`` steps a round (``E`` epochs at expected batch
+    ``B``), with ``n`` the median silo's record count.
+    """
     defaults = MODE_DEFAULTS[mode]
     population = len(data.clients)
     per_round = min(population, max(1.0, defaults.participation * population))
@@ -195,11 +222,7 @@ def task_config(
             "clients_per_round": per_round,
             "clip_norm": defaults.clip_norm,
             "delta": delta,
-            "local_training": {
-                "epochs": defaults.epochs,
-                "batch_size": defaults.batch_size,
-                "learning_rate": defaults.learning_rate,
-            },
+            **_training(data, defaults, mode),
             "server_momentum": defaults.server_momentum,
             "min_clients": (
                 1
@@ -213,6 +236,23 @@ def task_config(
     )
 
 
+def _training(data: Dataset, defaults: ModeDefaults, mode: str) -> dict[str, Any]:
+    """The task's local training: ``dpsgd`` in the silo mode, else ``local_training``."""
+    if mode == "silo":
+        records = max(1, int(np.median([len(x) for x, _ in data.clients])))
+        rate = min(1.0, defaults.batch_size / records)
+        steps = math.ceil(defaults.epochs / rate)
+        return {"dpsgd": {"sample_rate": rate, "steps": steps,
+                          "learning_rate": defaults.learning_rate}}  # fmt: skip
+    return {
+        "local_training": {
+            "epochs": defaults.epochs,
+            "batch_size": defaults.batch_size,
+            "learning_rate": defaults.learning_rate,
+        }
+    }
+
+
 def run_task(data: Dataset, config: TaskConfig, epsilon: float, seed: int) -> FederatedRun:
     """Train in this process, round by round, as the aggregator would."""
     rng = np.random.default_rng(seed)
@@ -222,7 +262,6 @@ def run_task(data: Dataset, config: TaskConfig, epsilon: float, seed: int) -> Fe
         data.name, data.partition, len(data.clients), config.mode, epsilon, config,
         state.noise_multiplier,
     )  # fmt: skip
-    training = config.local_training.training()
     started = time.perf_counter()
     for _ in range(config.rounds):
         sampled = np.flatnonzero(rng.random(len(data.clients)) < config.sample_rate)
@@ -233,7 +272,10 @@ def run_task(data: Dataset, config: TaskConfig, epsilon: float, seed: int) -> Fe
         rows, bits, weights = [], [], []
         for index in holders:
             x, y = data.clients[index]
-            update = client_update(model, state.server.params, x, y, training, rng)
+            update = local_update(
+                config, model, state.server.params, x, y, state.noise_multiplier,
+                state.clip_norm, rng,
+            )  # fmt: skip
             contribution = privatize(update, state.dp, state.clip_norm, rng)
             rows.append(contribution.update)
             bits.append(contribution.unclipped)
@@ -318,7 +360,7 @@ def wait_for_restart(device: FederatedClient, info: RoundInfo) -> None:
 # --- command line ------------------------------------------------------------------------
 
 
-def _list(kind: Any, choices: tuple[str, ...] | None = None) -> Any:
+def comma_list(kind: Any, choices: tuple[str, ...] | None = None) -> Any:
     def parse(text: str) -> list[Any]:
         items = [part.strip() for part in text.split(",") if part.strip()]
         if not items:
@@ -337,7 +379,7 @@ def _list(kind: Any, choices: tuple[str, ...] | None = None) -> Any:
     return parse
 
 
-def _epsilon(text: str) -> float:
+def epsilon_argument(text: str) -> float:
     value = float(text)
     if not value > 0 or math.isnan(value):
         raise ValueError(f"epsilon {text!r} must be a number > 0 or inf")
@@ -354,7 +396,8 @@ def _clients(text: str) -> int:
 DESCRIPTION = """\
 Private federated learning: the test accuracy of the global model against the target
 epsilon and the number of clients, for each privacy mode (none: plain FedAvg; local,
-central, distributed: user-level differential privacy).
+central, distributed: user-level differential privacy; silo: each client a silo running
+DP-SGD over its records, record-level differential privacy).
 
 Datasets (from scikit-learn, nothing downloaded): digits, the 8x8 handwritten digits
 (1,797 images, 10 classes, 20% held out); synthetic, a 4-class task with two training
@@ -379,23 +422,23 @@ def register(subparsers: Any) -> None:
         formatter_class=HelpFormatter,
     )
     parser.add_argument(
-        "--datasets", type=_list(str, DATASETS), default=["digits"],
+        "--datasets", type=comma_list(str, DATASETS), default=["digits"],
         help=f"comma-separated, from {','.join(DATASETS)}",
     )  # fmt: skip
     parser.add_argument(
-        "--clients", type=_list(_clients), default=[100, 1000],
+        "--clients", type=comma_list(_clients), default=[100, 1000],
         help="numbers of clients, comma-separated",
     )  # fmt: skip
     parser.add_argument(
-        "--partition", type=_list(str, PARTITIONS), default=["iid"],
+        "--partition", type=comma_list(str, PARTITIONS), default=["iid"],
         help=f"comma-separated, from {','.join(PARTITIONS)}",
     )  # fmt: skip
     parser.add_argument(
-        "--modes", type=_list(str, MODES), default=list(MODES),
+        "--modes", type=comma_list(str, MODES), default=list(MODES),
         help=f"privacy modes, comma-separated, from {','.join(MODES)}",
     )  # fmt: skip
     parser.add_argument(
-        "--epsilons", type=_list(_epsilon), default=[1.0, 3.0, 8.0, math.inf],
+        "--epsilons", type=comma_list(epsilon_argument), default=[1.0, 3.0, 8.0, math.inf],
         help="target epsilons, comma-separated; inf: clipping without noise",
     )  # fmt: skip
     parser.add_argument("--rounds", type=_clients, default=100, help="training rounds per run")
@@ -426,6 +469,9 @@ def _plan(args: argparse.Namespace) -> list[tuple[str, int, str, str, float]]:
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if not 0 < args.delta < 1:
         parser.error(f"--delta must lie in (0, 1), got {args.delta}")
+    # dp-accounting logs a warning for every RDP order it cannot evaluate (and excludes);
+    # the bound stays valid, and the run's table says what it spent.
+    logging.getLogger("absl").setLevel(logging.ERROR)
     plan = _plan(args)
     runs: list[FederatedRun] = []
     server = None
@@ -483,32 +529,44 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def plot_accuracy(rows: list[dict[str, Any]], path: Path) -> None:
-    """Final accuracy against epsilon (inf drawn at the right edge), per mode and clients."""
+    """Final accuracy against epsilon, per mode and clients; plain FedAvg as a reference."""
+    series: dict[str, list[tuple[float, float]]] = {}
+    references: dict[str, float] = {}
+    for row in rows:
+        label = (
+            f"{row['mode']}, {counted(row['clients'], 'client')} "
+            f"({row['dataset']}, {row['partition']})"
+        )
+        if row["mode"] == "none":
+            references[label] = row["final_accuracy"]
+        else:
+            series.setdefault(label, []).append((row["target_epsilon"], row["final_accuracy"]))
+    plot_accuracy_against_epsilon(series, references, path)
+
+
+def plot_accuracy_against_epsilon(
+    series: dict[str, list[tuple[float, float]]], references: dict[str, float], path: Path
+) -> None:
+    """Accuracy against epsilon: one line per ``series`` (``(epsilon, accuracy)`` points,
+    ``inf`` drawn at the right edge) and a dotted horizontal line per ``references``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    finite = sorted({r["target_epsilon"] for r in rows if math.isfinite(r["target_epsilon"])})
+    epsilons = {eps for points in series.values() for eps, _ in points}
+    finite = sorted(eps for eps in epsilons if math.isfinite(eps))
     right = (max(finite) * 2) if finite else 1.0
     figure, axes = plt.subplots(figsize=(7, 4.6))
-    groups: dict[tuple[str, int, str, str], list[dict[str, Any]]] = {}
-    for row in rows:
-        groups.setdefault(
-            (row["mode"], row["clients"], row["dataset"], row["partition"]), []
-        ).append(row)
-    for index, ((mode, clients, dataset, partition), group) in enumerate(sorted(groups.items())):
-        label = f"{mode}, {counted(clients, 'client')} ({dataset}, {partition})"
-        points = sorted(group, key=lambda r: r["target_epsilon"])
-        xs = [r["target_epsilon"] if math.isfinite(r["target_epsilon"]) else right for r in points]
-        ys = [r["final_accuracy"] for r in points]
-        if mode == "none":
-            axes.axhline(ys[0], linestyle=":", color=f"C{index % 10}", label=label)
-        else:
-            axes.plot(xs, ys, label=label, **report.series_style(index))
+    for index, label in enumerate(sorted(series) + sorted(references)):
+        if label in references:
+            axes.axhline(references[label], linestyle=":", color=f"C{index % 10}", label=label)
+            continue
+        points = sorted(series[label])
+        xs = [eps if math.isfinite(eps) else right for eps, _ in points]
+        axes.plot(xs, [acc for _, acc in points], label=label, **report.series_style(index))
     axes.set_xscale("log")
-    ticks = finite + [right]
-    axes.set_xticks(ticks, [f"{t:g}" for t in finite] + ["inf"])
+    axes.set_xticks(finite + [right], [f"{t:g}" for t in finite] + ["inf"])
     axes.set_xlabel("target epsilon (delta fixed)")
     axes.set_ylabel("final test accuracy")
     axes.set_ylim(0, 1)

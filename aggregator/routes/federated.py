@@ -48,7 +48,8 @@ async def list_tasks(principal: Analyst, federated: FederatedService) -> Any:
 
 @router.get("/v1/federated/tasks/{name}", response_model=TaskStatus)
 async def task_status(name: TaskName, principal: Analyst, federated: FederatedService) -> Any:
-    """Round, epsilon spent so far, participants per round, evaluation of the model."""
+    """Round, epsilon spent so far (per user; in the silo mode per record of a silo that
+    took part in every round), participants per round, evaluation of the model."""
     return await run_in_threadpool(federated.status, name)
 
 

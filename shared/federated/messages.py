@@ -96,11 +96,19 @@ class TaskStatus(BaseModel):
         default=0, description="the open round's draw (one more each time it was restarted)"
     )
     rounds: int = Field(description="rounds planned")
-    epsilon_spent: float | None = Field(description="at delta; null when unbounded (no noise)")
+    epsilon_spent: float | None = Field(
+        description="at delta; null when unbounded (no noise). Silo mode: per record, of a "
+        "silo that took part in every closed round (no silo has spent more)"
+    )
     budget: float | None = Field(description="the task's epsilon budget; null when unbounded")
     delta: float
     noise_multiplier: float
     clip_norm: float
+    silo_steps: int | None = Field(
+        default=None,
+        description="silo mode: the DP-SGD steps of a silo that took part in every closed "
+        "round (null in the other modes)",
+    )
     updates_received: int = Field(description="uploads in the open round")
     deadline: float = Field(description="the open round's deadline (Unix seconds)")
     participants: list[int]

@@ -29,7 +29,12 @@ Built in:
   propagation: ``G2 = (p - Y) / n``, ``dW2 = h^T G2``, ``G1 = (G2 W2^T)(1 - h^2)``,
   ``dW1 = x^T G1``. Weights start Glorot-uniform (Glorot and Bengio 2010).
 
-Both are vectorized over the batch; no Python loop runs over examples.
+Both are vectorized over the batch; no Python loop runs over examples. Both also give
+every example's own gradient in one pass (:class:`PerExampleModel`, what DP-SGD clips):
+with ``a`` a dense layer's input and ``g`` the gradient of each example's loss with
+respect to the layer's output, example ``i``'s weight gradient is the outer product
+``a_i^T g_i`` (plus ``l2 W``) and its bias gradient ``g_i``; the batch gradient is their
+mean, computed as the matrix product ``a^T g / n``.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ __all__ = [
     "LogisticRegression",
     "Model",
     "ModelSpec",
+    "PerExampleModel",
     "accuracy",
     "evaluate",
     "local_train",
@@ -78,17 +84,58 @@ class Model(Protocol):
         ...
 
 
-def _softmax_cross_entropy(logits: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
-    """Mean cross-entropy of ``softmax(logits)`` against labels ``y`` and ``(p - Y) / n``."""
-    n = logits.shape[0]
+def _softmax_cross_entropy(logits: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each example's cross-entropy ``-log softmax(logits_i)[y_i]`` and its gradient with
+    respect to the logits, the residual ``p_i - Y_i`` (one row per example, unscaled)."""
     shifted = logits - logits.max(axis=1, keepdims=True)
-    log_norm = np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-    log_p = shifted - log_norm
-    rows = np.arange(n)
-    loss = float(-log_p[rows, y].mean())
+    log_p = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    rows = np.arange(logits.shape[0])
     residual = np.exp(log_p)
     residual[rows, y] -= 1.0
-    return loss, residual / n
+    return -log_p[rows, y], residual
+
+
+@dataclass(frozen=True)
+class _Backprop:
+    """One forward and backward pass of a stack of dense layers ``z = a W + b``.
+
+    ``losses`` holds each example's cross-entropy; ``layers`` holds, in the order of the
+    flat parameter vector, each layer's input ``a`` (n x fan_in), the gradient ``g`` of
+    each example's loss with respect to the layer's output (n x fan_out) and its weights
+    ``W``. For example ``i`` the layer's gradients are ``dW_i = a_i^T g_i`` and
+    ``db_i = g_i``; the batch's are their means.
+    """
+
+    losses: np.ndarray
+    layers: tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]
+
+    def loss_and_grad(self, l2: float) -> tuple[float, np.ndarray]:
+        """``mean_i loss_i + (l2/2) sum ||W||^2`` and its gradient (matrix products)."""
+        n = self.losses.shape[0]
+        penalty = sum(float(np.sum(w * w)) for _, _, w in self.layers)
+        parts: list[np.ndarray] = []
+        for a, g, w in self.layers:
+            parts += [(a.T @ g / n + l2 * w).ravel(), g.sum(axis=0) / n]
+        return float(self.losses.mean()) + 0.5 * l2 * penalty, np.concatenate(parts)
+
+    def per_example_grads(self, l2: float) -> np.ndarray:
+        """Row ``i``: the gradient of ``loss_i + (l2/2) sum ||W||^2`` (outer products)."""
+        n = self.losses.shape[0]
+        parts: list[np.ndarray] = []
+        for a, g, w in self.layers:
+            outer = np.einsum("ni,nj->nij", a, g).reshape(n, -1)
+            parts += [outer + l2 * w.ravel() if l2 else outer, g]
+        return np.concatenate(parts, axis=1)
+
+
+@runtime_checkable
+class PerExampleModel(Model, Protocol):
+    """A :class:`Model` that also gives every example's gradient in one vectorized pass."""
+
+    def per_example_grads(self, params: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """``(n, num_params)``: row ``i`` equals ``loss_and_grad(params, x[i:i+1],
+        y[i:i+1])[1]``, the gradient of example ``i``'s own loss."""
+        ...
 
 
 def _check_batch(x: np.ndarray, y: np.ndarray, num_features: int, num_classes: int) -> None:
@@ -133,15 +180,20 @@ class LogisticRegression:
         """Zeros: the loss is convex, so no symmetry needs breaking."""
         return np.zeros(self.num_params)
 
+    def _backprop(self, params: np.ndarray, x: np.ndarray, y: np.ndarray) -> _Backprop:
+        _check_batch(x, y, self.num_features, self.num_classes)
+        w, b = self._split(params)
+        losses, residual = _softmax_cross_entropy(x @ w + b, y)
+        return _Backprop(losses, ((x, residual, w),))
+
     def loss_and_grad(
         self, params: np.ndarray, x: np.ndarray, y: np.ndarray
     ) -> tuple[float, np.ndarray]:
-        _check_batch(x, y, self.num_features, self.num_classes)
-        w, b = self._split(params)
-        loss, residual = _softmax_cross_entropy(x @ w + b, y)
-        grad_w = x.T @ residual + self.l2 * w
-        loss += 0.5 * self.l2 * float(np.sum(w * w))
-        return loss, np.concatenate([grad_w.ravel(), residual.sum(axis=0)])
+        return self._backprop(params, x, y).loss_and_grad(self.l2)
+
+    def per_example_grads(self, params: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """``(n, num_params)``: row ``i`` is ``x_i^T (p_i - Y_i) + l2 W`` then ``p_i - Y_i``."""
+        return self._backprop(params, x, y).per_example_grads(self.l2)
 
     def predict(self, params: np.ndarray, x: np.ndarray) -> np.ndarray:
         w, b = self._split(params)
@@ -183,23 +235,22 @@ class MLP:
             [rng.uniform(-a1, a1, f * h), np.zeros(h), rng.uniform(-a2, a2, h * k), np.zeros(k)]
         )
 
-    def loss_and_grad(
-        self, params: np.ndarray, x: np.ndarray, y: np.ndarray
-    ) -> tuple[float, np.ndarray]:
+    def _backprop(self, params: np.ndarray, x: np.ndarray, y: np.ndarray) -> _Backprop:
         _check_batch(x, y, self.num_features, self.num_classes)
         w1, b1, w2, b2 = self._split(params)
         hidden = np.tanh(x @ w1 + b1)
-        loss, g2 = _softmax_cross_entropy(hidden @ w2 + b2, y)
+        losses, g2 = _softmax_cross_entropy(hidden @ w2 + b2, y)
         g1 = (g2 @ w2.T) * (1.0 - hidden * hidden)
-        loss += 0.5 * self.l2 * float(np.sum(w1 * w1) + np.sum(w2 * w2))
-        return loss, np.concatenate(
-            [
-                (x.T @ g1 + self.l2 * w1).ravel(),
-                g1.sum(axis=0),
-                (hidden.T @ g2 + self.l2 * w2).ravel(),
-                g2.sum(axis=0),
-            ]
-        )
+        return _Backprop(losses, ((x, g1, w1), (hidden, g2, w2)))
+
+    def loss_and_grad(
+        self, params: np.ndarray, x: np.ndarray, y: np.ndarray
+    ) -> tuple[float, np.ndarray]:
+        return self._backprop(params, x, y).loss_and_grad(self.l2)
+
+    def per_example_grads(self, params: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """``(n, num_params)``: row ``i`` is example ``i``'s ``dW1, db1, dW2, db2``."""
+        return self._backprop(params, x, y).per_example_grads(self.l2)
 
     def predict(self, params: np.ndarray, x: np.ndarray) -> np.ndarray:
         w1, b1, w2, b2 = self._split(params)

@@ -1,8 +1,9 @@
 """Differential privacy for federated averaging: clipping, Gaussian noise, and who adds it.
 
-A task runs in one of four modes. In every private mode a client first **clips** its
-update to L2 norm ``C``: ``Delta <- Delta * min(1, C / ||Delta||)``, so that one user
-moves the sum of updates by at most ``C``. Then:
+A task runs in one of five modes. In the user-level modes (``local``, ``central``,
+``distributed``) a client first **clips** its update to L2 norm ``C``:
+``Delta <- Delta * min(1, C / ||Delta||)``, so that one user moves the sum of updates by
+at most ``C``; in the ``silo`` mode ``C`` bounds each record's gradient instead. Then:
 
 ``none``
     plain FedAvg (example-weighted average), no clipping, no noise, no guarantee.
@@ -30,6 +31,19 @@ moves the sum of updates by at most ``C``. Then:
     here sees every upload, which is then protected only by its own (small) noise. The
     accountant charges each round at the effective multiplier ``z sqrt(m / (q W))``, with
     the neighbouring relation "one user's update replaced by zero".
+
+``silo``
+    cross-silo federated learning with **record-level** privacy: each client (a silo,
+    such as a hospital, holding many records) runs DP-SGD over its own records
+    (:mod:`shared.federated.dpsgd`: ``s`` steps a round, each sampling every record with
+    probability ``q_r``, clipping each record's gradient to ``C`` and adding
+    ``N(0, (z C)^2)`` to the sum), and uploads the difference of its parameters, which
+    is post-processing of those steps. The server takes the example-weighted FedAvg mean
+    as in ``none`` (a silo's record count is public, as DP-SGD's expected batch ``q_r N``
+    is). The unit of privacy is one record of one silo, against everyone including the
+    server: a silo's epsilon composes ``s`` Poisson-subsampled Gaussian releases at
+    ``(z, q_r)`` for every round it takes part in, with no amplification from the silo
+    being sampled (the server sees who uploads).
 
 Adaptive clipping (Andrew, Thakkar, McMahan and Ramaswamy, *Differentially Private
 Learning with Adaptive Clipping*, NeurIPS 2021) lets ``C`` track the ``gamma``-quantile of
@@ -78,6 +92,7 @@ __all__ = [
     "DPConfig",
     "PrivacyMode",
     "PrivateAggregation",
+    "RecordSampling",
     "RoundOutcome",
     "clip_rows",
     "clip_update",
@@ -85,8 +100,8 @@ __all__ = [
     "privatize",
 ]
 
-PrivacyMode = Literal["none", "local", "central", "distributed"]
-PRIVACY_MODES: tuple[str, ...] = ("none", "local", "central", "distributed")
+PrivacyMode = Literal["none", "local", "central", "distributed", "silo"]
+PRIVACY_MODES: tuple[str, ...] = ("none", "local", "central", "distributed", "silo")
 
 #: Tail allowance of the upload norm check: ``||N(0, s^2 I_P)|| <= s (sqrt(P) + t)`` fails
 #: with probability at most ``exp(-t^2 / 2)`` (Gaussian concentration of a 1-Lipschitz
@@ -185,8 +200,25 @@ class AdaptiveClipping:
 
 
 @dataclass(frozen=True)
+class RecordSampling:
+    """How a silo's DP-SGD samples its records: ``steps`` steps a round, each taking every
+    record with probability ``sample_rate`` (``q_r``)."""
+
+    sample_rate: float
+    steps: int
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.sample_rate <= 1.0:
+            raise ValueError(f"the record sample_rate must lie in (0, 1], got {self.sample_rate!r}")
+        if isinstance(self.steps, bool) or self.steps < 1:
+            raise ValueError(f"steps must be an integer >= 1, got {self.steps!r}")
+
+
+@dataclass(frozen=True)
 class DPConfig:
-    """A task's privacy parameters: mode, clip norm, noise multiplier, expected clients."""
+    """A task's privacy parameters: mode, clip norm, noise multiplier, expected clients;
+    ``sample_rate`` is the clients' participation rate ``q``; ``records`` the silo mode's
+    record sampling (required there, refused elsewhere)."""
 
     mode: PrivacyMode
     clip_norm: float
@@ -194,6 +226,7 @@ class DPConfig:
     expected_clients: float
     sample_rate: float = 1.0
     adaptive: AdaptiveClipping | None = None
+    records: RecordSampling | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in PRIVACY_MODES:
@@ -210,6 +243,11 @@ class DPConfig:
             )
         if not 0.0 < self.sample_rate <= 1.0:
             raise ValueError(f"sample_rate must lie in (0, 1], got {self.sample_rate!r}")
+        if (self.mode == "silo") != (self.records is not None):
+            raise ValueError(
+                "the silo mode, and it alone, needs its record sampling (DP-SGD's rate and "
+                f"steps); mode {self.mode!r} has records={self.records!r}"
+            )
         if self.adaptive is not None:
             if self.mode not in ("central", "distributed"):
                 raise ValueError(
@@ -267,14 +305,30 @@ class DPConfig:
         return -margin, 1.0 + margin
 
     @property
+    def noised_on_device(self) -> bool:
+        """Whether the device's own noise protects its upload against everyone, server
+        included (``local``: user-level; ``silo``: record-level), so that the device can
+        account for every upload it makes."""
+        return self.mode in ("local", "silo")
+
+    @property
     def accounting_sample_rate(self) -> float:
-        """The sampling rate the accountant may use: none in the local model."""
+        """The sampling rate the accountant may use: none in the local model, the record
+        rate in the silo mode, else the clients' participation rate."""
+        if self.records is not None:
+            return self.records.sample_rate
         return 1.0 if self.mode == "local" else self.sample_rate
+
+    @property
+    def releases_per_round(self) -> int:
+        """The Gaussian releases one round makes of a participant: a silo's DP-SGD steps,
+        else one."""
+        return 1 if self.records is None else self.records.steps
 
     def accounting_noise_multiplier(self, participants: float) -> float:
         """The multiplier one round is charged at, given how many clients contributed.
 
-        local: ``z / 2`` (sensitivity ``2 C``); central: ``z``; distributed:
+        local: ``z / 2`` (sensitivity ``2 C``); central and silo: ``z``; distributed:
         ``z sqrt(m / (q W))``, the noise that ``m`` shares actually add up to.
         """
         if self.mode == "local":
@@ -287,10 +341,12 @@ class DPConfig:
         """The largest L2 norm an honest upload has, but for a chance below ``exp(-50)``.
 
         ``C`` plus the client's noise, ``s C (sqrt(P) + 10)``, in the local and distributed
-        modes; infinite in the ``none`` mode (nothing to check) and in the central mode,
-        where the server clips every upload to ``C`` itself.
+        modes; infinite in the ``none`` mode (nothing to check), in the central mode,
+        where the server clips every upload to ``C`` itself, and in the silo mode, whose
+        upload is the outcome of DP-SGD steps, of no fixed size (``C`` bounds each
+        record's gradient, not the update).
         """
-        if self.mode in ("none", "central"):
+        if self.mode in ("none", "central", "silo"):
             return math.inf
         std = self.client_noise_std * clip_norm
         return clip_norm + std * (math.sqrt(num_params) + NORM_TAIL_ALLOWANCE)
@@ -311,9 +367,11 @@ class Contribution:
 def privatize(
     update: np.ndarray, config: DPConfig, clip_norm: float, rng: Rng | RandomSource = None
 ) -> Contribution:
-    """The client's side of the mode: clip to ``clip_norm``, add the client's noise share."""
+    """The client's side of the mode: clip to ``clip_norm``, add the client's noise share;
+    in the ``none`` mode, and in the ``silo`` mode whose DP-SGD steps did both already,
+    the update as it is."""
     raw = np.asarray(update, dtype=np.float64)
-    if config.mode == "none":
+    if config.mode in ("none", "silo"):
         return Contribution(raw.copy(), 0.0)
     clipped, unclipped = clip_update(raw, clip_norm)
     noisy = clipped + gaussian_noise(clipped.shape, config.client_noise_std * clip_norm, rng)
@@ -337,12 +395,12 @@ class RoundOutcome:
 class PrivateAggregation:
     """FedAvg's aggregation wrapped with the server's side of a privacy mode.
 
-    ``none``: ``strategy.aggregate`` with example weights. ``local``: the uniform mean of
-    the noised uploads. ``central``: re-clip, take the uniform mean from the strategy,
-    rescale it to the fixed denominator (``mean * m / (q W) = sum / (q W)``) and add
-    ``N(0, (z_Delta C / (q W))^2)``. ``distributed``: the uploads carry the noise; the sum
-    is divided by ``q W``. With adaptive clipping the noisy unclipped fraction sets the
-    next round's ``C``, from bits first brought into :meth:`DPConfig.unclipped_range`.
+    ``none`` and ``silo``: ``strategy.aggregate`` with example weights. ``local``: the
+    uniform mean of the noised uploads. ``central``: re-clip, take the uniform mean from
+    the strategy, rescale it to the fixed denominator (``mean * m / (q W) = sum / (q W)``)
+    and add ``N(0, (z_Delta C / (q W))^2)``. ``distributed``: the uploads carry the noise;
+    the sum is divided by ``q W``. With adaptive clipping the noisy unclipped fraction sets
+    the next round's ``C``, from bits first brought into :meth:`DPConfig.unclipped_range`.
     """
 
     strategy: FedAvg
@@ -359,7 +417,7 @@ class PrivateAggregation:
         rows = np.asarray(updates, dtype=np.float64)
         m = rows.shape[0]
         config = self.config
-        if config.mode == "none":
+        if config.mode in ("none", "silo"):
             return RoundOutcome(self.strategy.aggregate(rows, weights), m, clip_norm, None)
         if config.mode == "local":
             return RoundOutcome(self.strategy.aggregate(rows), m, clip_norm, None)

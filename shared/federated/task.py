@@ -7,7 +7,11 @@ Both the aggregator service and the in-process simulation run a task through
    the model, the privacy mode, the planned number of rounds ``T``, the population ``W``
    and the expected clients per round ``q W``, the clip norm, and either a noise
    multiplier or a ``target_epsilon`` from which the multiplier is calibrated
-   (:func:`calibrate`), at ``delta``.
+   (:func:`calibrate`), at ``delta``. In the ``silo`` mode (record-level privacy: each
+   silo runs DP-SGD, ``dpsgd``, over its records) the clip norm bounds each record's
+   gradient, ``target_epsilon`` and ``delta`` are per record of a silo, and a task may
+   give both a noise multiplier and a target: it then runs rounds at that noise until
+   the next would pass the target.
 2. ``TaskState.start(config)`` draws the initial model. ``check_round()`` refuses a round
    that would take the task past its budget: the epsilon after one more round, charged
    at the fewest participants the round may close with, must not exceed the target
@@ -28,6 +32,7 @@ that the service can store a task and pick it up again after a restart.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -37,8 +42,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.accounting import GaussianRoundsAccountant
 from shared.caps import within_cap
-from shared.federated.fedavg import FedAvg, ServerState
-from shared.federated.models import LocalTraining, ModelSpec, make_model
+from shared.federated.dpsgd import DEFAULT_PHYSICAL_BATCH, DPSGD, dpsgd_update
+from shared.federated.fedavg import FedAvg, ServerState, client_update
+from shared.federated.models import LocalTraining, Model, ModelSpec, make_model
 from shared.federated.privacy import (
     MAX_CLIP_NORM,
     MAX_NOISE_MULTIPLIER,
@@ -47,6 +53,7 @@ from shared.federated.privacy import (
     DPConfig,
     PrivacyMode,
     PrivateAggregation,
+    RecordSampling,
 )
 from shared.federated.vectors import decode_vector, encode_vector
 from shared.randomness import RandomSource, Rng
@@ -55,11 +62,13 @@ from shared.schemas import MAX_EPSILON, MIN_EPSILON
 __all__ = [
     "AdaptiveClippingSpec",
     "BudgetExhaustedError",
+    "DPSGDSpec",
     "LocalTrainingSpec",
     "RoundRecord",
     "TaskConfig",
     "TaskState",
     "calibrate",
+    "local_update",
 ]
 
 #: The PLD discretization used for federated accounting: a valid (pessimistic) bound,
@@ -103,6 +112,36 @@ class AdaptiveClippingSpec(BaseModel):
     count_noise: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
+class DPSGDSpec(BaseModel):
+    """Each silo's DP-SGD in the ``silo`` mode (see :mod:`shared.federated.dpsgd`): every
+    round ``steps`` steps, each sampling every record with probability ``sample_rate``
+    (an expected batch of ``sample_rate`` times the silo's records), per-record gradients
+    clipped to the task's ``clip_norm`` and noised at its noise multiplier."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sample_rate: float = Field(
+        gt=0, le=1, description="record sampling rate q_r of a step, (0, 1]; accounted at it"
+    )
+    steps: int = Field(ge=1, le=10_000, description="DP-SGD steps per round, 1 to 10000")
+    learning_rate: float = Field(default=0.5, gt=0, allow_inf_nan=False)
+    max_physical_batch: int = Field(
+        default=DEFAULT_PHYSICAL_BATCH,
+        ge=1,
+        le=1_000_000,
+        description="per-record gradients held at once (larger batches are accumulated)",
+    )
+
+    def records(self) -> RecordSampling:
+        return RecordSampling(self.sample_rate, self.steps)
+
+    def dpsgd(self, noise_multiplier: float, clip_norm: float) -> DPSGD:
+        return DPSGD(
+            noise_multiplier, clip_norm, self.sample_rate, self.learning_rate,
+            self.max_physical_batch,
+        )  # fmt: skip
+
+
 class TaskConfig(BaseModel):
     """A federated task as created by an admin: model, privacy mode and budget, schedule."""
 
@@ -127,7 +166,8 @@ class TaskConfig(BaseModel):
         le=MAX_EPSILON,
         description=(
             f"calibrate the noise for this epsilon, {MIN_EPSILON:g} to {MAX_EPSILON:g} "
-            "(null: give noise_multiplier)"
+            "(null: give noise_multiplier; the silo mode takes both: the noise as given, "
+            "rounds until this budget)"
         ),
     )
     noise_multiplier: float | None = Field(
@@ -144,6 +184,9 @@ class TaskConfig(BaseModel):
     accounting: Literal["pld", "rdp"] = "pld"
     adaptive_clipping: AdaptiveClippingSpec | None = None
     local_training: LocalTrainingSpec = LocalTrainingSpec()
+    dpsgd: DPSGDSpec | None = Field(
+        default=None, description="silo mode only (and required there): each silo's DP-SGD"
+    )
     server_learning_rate: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     server_momentum: float = Field(default=0.0, ge=0, lt=1)
     min_clients: int = Field(default=1, ge=1, description="a round closes with no fewer")
@@ -160,12 +203,17 @@ class TaskConfig(BaseModel):
                 f"clients_per_round ({self.clients_per_round}) exceeds population "
                 f"({self.population})"
             )
+        self._check_silo()
         if self.mode == "none":
             if self.noise_multiplier or self.target_epsilon is not None:
                 raise ValueError(
                     "mode 'none' adds no noise: give no noise_multiplier or target_epsilon"
                 )
-        elif self.noise_multiplier is not None and self.target_epsilon is not None:
+        elif (
+            self.noise_multiplier is not None
+            and self.target_epsilon is not None
+            and self.mode != "silo"
+        ):
             raise ValueError("give either noise_multiplier or target_epsilon, not both")
         elif self.noise_multiplier is None and self.target_epsilon is None:
             raise ValueError(f"mode {self.mode!r} needs a noise_multiplier or a target_epsilon")
@@ -184,6 +232,23 @@ class TaskConfig(BaseModel):
             self.dp_config(calibrate(self))
         return self
 
+    def _check_silo(self) -> None:
+        """The silo mode trains by ``dpsgd`` (required) and not by ``local_training``; no
+        other mode has ``dpsgd``."""
+        if self.mode != "silo":
+            if self.dpsgd is not None:
+                raise ValueError(f"dpsgd is for the silo mode only, not {self.mode!r}")
+            return
+        if self.dpsgd is None:
+            raise ValueError(
+                "mode 'silo' needs dpsgd: each silo's record sampling rate and steps per round"
+            )
+        if self.local_training != LocalTrainingSpec():
+            raise ValueError(
+                "mode 'silo' trains by dpsgd (its learning_rate and steps); local_training "
+                "does not apply"
+            )
+
     def check_planned_epsilon(self, noise_multiplier: float) -> None:
         """ValueError when the planned rounds at ``noise_multiplier`` spend more than
         ``MAX_PLANNED_EPSILON`` by the RDP bound (which is never below the PLD epsilon), so
@@ -193,7 +258,10 @@ class TaskConfig(BaseModel):
             return
         from shared.accounting import gaussian_rounds_epsilon
 
-        planned = {dp.accounting_noise_multiplier(self.clients_per_round): self.rounds}
+        planned = {
+            dp.accounting_noise_multiplier(self.clients_per_round): self.rounds
+            * dp.releases_per_round
+        }
         bound = gaussian_rounds_epsilon(planned, dp.accounting_sample_rate, self.delta, "rdp")
         if not bound <= MAX_PLANNED_EPSILON:
             raise ValueError(
@@ -227,6 +295,7 @@ class TaskConfig(BaseModel):
                 self.clients_per_round,
                 self.sample_rate,
                 self.adaptive(),
+                self.record_sampling(),
             )
         except ValueError as error:
             spec, adaptive = self.adaptive_clipping, self.adaptive()
@@ -254,6 +323,10 @@ class TaskConfig(BaseModel):
                 f"the noise multiplier {noise_multiplier:g} ({noise_source}): {remedy}"
             ) from None
 
+    def record_sampling(self) -> RecordSampling | None:
+        """The silo mode's DP-SGD sampling (rate and steps a round); None in other modes."""
+        return None if self.dpsgd is None else self.dpsgd.records()
+
     def adaptive(self) -> AdaptiveClipping | None:
         spec = self.adaptive_clipping
         if spec is None:
@@ -267,10 +340,11 @@ def calibrate(config: TaskConfig) -> float:
 
     Over the planned ``T`` rounds: central and distributed, the Poisson-subsampled
     Gaussian at ``q``; local, ``T`` uploads each a Gaussian at ``z / 2`` (so ``z`` is
-    twice the calibrated multiplier). In the distributed mode a round may close with as
-    few as ``min_clients`` noise shares, whose sum has multiplier ``z sqrt(min / (q W))``:
-    the multiplier is raised by ``sqrt(q W / min)`` so that even such rounds stay within
-    the target. The ``none`` mode has none.
+    twice the calibrated multiplier); silo, a silo's ``T s`` DP-SGD steps at its record
+    rate ``q_r`` (taking part in every round). In the distributed mode a round may close
+    with as few as ``min_clients`` noise shares, whose sum has multiplier
+    ``z sqrt(min / (q W))``: the multiplier is raised by ``sqrt(q W / min)`` so that even
+    such rounds stay within the target. The ``none`` mode has none.
     """
     if config.mode == "none":
         return 0.0
@@ -280,10 +354,11 @@ def calibrate(config: TaskConfig) -> float:
     from shared.accounting import calibrate_noise_multiplier
 
     local = config.mode == "local"
+    dp = config.dp_config(0.0)  # its sampling rate and releases, whatever the multiplier
     z = calibrate_noise_multiplier(
         config.target_epsilon,
-        1.0 if local else config.sample_rate,
-        config.rounds,
+        dp.accounting_sample_rate,
+        config.rounds * dp.releases_per_round,
         config.delta,
         config.accounting,
         value_discretization_interval=FEDERATED_DISCRETIZATION,
@@ -332,7 +407,11 @@ class TaskState:
         """A new task at round 0 with the model's initial parameters (seeded by ``seed``);
         ``noise_multiplier`` overrides the configured or calibrated one. ValueError when a
         task without a target plans more than ``MAX_PLANNED_EPSILON``."""
-        calibrated = noise_multiplier is None and config.target_epsilon is not None
+        calibrated = (
+            noise_multiplier is None
+            and config.noise_multiplier is None
+            and config.target_epsilon is not None
+        )
         z = calibrate(config) if noise_multiplier is None else noise_multiplier
         config.dp_config(z)
         if config.target_epsilon is None:
@@ -376,14 +455,16 @@ class TaskState:
             return self.config.target_epsilon
         if not self.dp.private:
             return math.inf
+        dp = self.dp
         planned = {
-            self.dp.accounting_noise_multiplier(self.config.clients_per_round): self.config.rounds
+            dp.accounting_noise_multiplier(self.config.clients_per_round): self.config.rounds
+            * dp.releases_per_round
         }
         from shared.accounting import gaussian_rounds_epsilon
 
         return gaussian_rounds_epsilon(
             planned,
-            self.dp.accounting_sample_rate,
+            dp.accounting_sample_rate,
             self.config.delta,
             self.config.accounting,
             value_discretization_interval=FEDERATED_DISCRETIZATION,
@@ -392,7 +473,8 @@ class TaskState:
     def check_round(self) -> None:
         """Raise :class:`BudgetExhaustedError` unless one more round fits the plan and budget.
 
-        The next round is charged at its worst (the fewest clients it may close with).
+        The next round is charged at its worst (the fewest clients it may close with);
+        in the silo mode, as the ``s`` DP-SGD steps of a silo that takes part.
         A calibrated task needs no computation before its planned rounds are done: every
         round is charged at a multiplier no smaller than that worst case, and the
         calibration made the planned number of rounds at the worst case fit the target,
@@ -405,7 +487,7 @@ class TaskState:
         if not self.dp.private or self.calibrated:
             return
         worst = self.dp.accounting_noise_multiplier(self.config.min_clients)
-        after = self._accountant().epsilon_after(worst)
+        after = self._accountant().epsilon_after(worst, self.dp.releases_per_round)
         if not within_cap(after, self.budget):
             raise BudgetExhaustedError(
                 f"another round would bring epsilon to {after:.4g}, past the task's budget of "
@@ -458,7 +540,7 @@ class TaskState:
         self.server = server
         if self.dp.private:
             accountant = self._accountant()
-            accountant.record(self._charged_multiplier(m))
+            accountant.record(self._charged_multiplier(m), self.dp.releases_per_round)
             assert accountant.rounds is not None
             self.accountant_rounds = accountant.rounds
         self.round += 1
@@ -505,3 +587,29 @@ class TaskState:
             [RoundRecord(**record) for record in data["history"]],
             bool(data.get("calibrated", False)),
         )
+
+
+def local_update(
+    config: TaskConfig,
+    model: Model,
+    params: np.ndarray,
+    x: np.ndarray,
+    y: np.ndarray,
+    noise_multiplier: float,
+    clip_norm: float,
+    rng: Rng = None,
+) -> np.ndarray:
+    """A participant's update for one round of ``config``'s task from the global ``params``.
+
+    The silo mode: ``dpsgd.steps`` DP-SGD steps over the silo's records at the round's
+    ``noise_multiplier`` and ``clip_norm`` (per record), their batches and noise from
+    ``rng`` (``None``: the operating system's CSPRNG). The other modes: local minibatch
+    SGD (``local_training``), whose batch order, not secret, comes from ``rng`` or, when
+    it is None, a generator seeded from the OS; clipping and noise follow in
+    :func:`shared.federated.privacy.privatize`.
+    """
+    if config.dpsgd is not None:
+        dpsgd = config.dpsgd.dpsgd(noise_multiplier, clip_norm)
+        return dpsgd_update(model, params, x, y, dpsgd, config.dpsgd.steps, rng)
+    order = rng or np.random.default_rng(int.from_bytes(os.urandom(16), "big"))
+    return client_update(model, params, x, y, config.local_training.training(), order)
