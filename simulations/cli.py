@@ -28,7 +28,7 @@ results and PNG plots. Run 'ldp-sim COMMAND --help' for the options of each.
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from simulations import accuracy_commands, federated, fleet, longitudinal, strings
+    from simulations import accuracy_commands, audit, dpsgd, federated, fleet, longitudinal, strings
 
     parser = argparse.ArgumentParser(
         prog="ldp-sim",
@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
         title="commands", dest="command", required=True, metavar="COMMAND"
     )
     accuracy_commands.register(subparsers)
+    audit.register(subparsers)
+    dpsgd.register(subparsers)
     federated.register(subparsers)
     fleet.register(subparsers)
     longitudinal.register(subparsers)
