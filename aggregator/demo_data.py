@@ -28,6 +28,7 @@ import os
 import uuid
 import zlib
 from datetime import datetime, timedelta
+from typing import Any
 
 import numpy as np
 
@@ -124,7 +125,7 @@ def simulated_values(metric: MetricSpec, mechanism: Mechanism, n: int) -> np.nda
 
 def _perturbed_payloads(
     metric: MetricSpec, mechanism: Mechanism, n: int, rng: np.random.Generator | None
-) -> list[dict[str, object]] | None:
+) -> list[dict[str, Any]] | None:
     """The wire payloads of ``n`` simulated devices' reports, each device's value encoded
     by the metric's mechanism; None where ``simulated_values`` has no population."""
     values = simulated_values(metric, mechanism, n)

@@ -22,7 +22,7 @@ try:
     from fastapi.routing import iter_route_contexts
 except ImportError:  # FastAPI before 0.137.2 copies included routes into app.routes
 
-    def iter_route_contexts(  # type: ignore[no-redef]
+    def iter_route_contexts(  # type: ignore[no-redef,misc]
         routes: Sequence[BaseRoute],
     ) -> Iterator[BaseRoute]:
         return iter(routes)
