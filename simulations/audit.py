@@ -23,6 +23,7 @@ import numpy as np
 from pydantic import ValidationError
 from tqdm import tqdm
 
+from shared.federated.privacy import PRIVACY_MODES
 from shared.mechanisms import MECHANISMS, make_mechanism
 from shared.schemas import MetricSpec
 from simulations import report
@@ -40,7 +41,9 @@ __all__ = ["audit_figure", "metrics_from_config", "metrics_from_endpoint", "regi
 
 #: Every mechanism the registry builds, and ``auto`` (audited as what it resolves to).
 SWEEP_MECHANISMS = (*MECHANISMS, "auto")
-TRAINING_MODES = ("none", "local", "central", "distributed")
+#: Every privacy mode of a federated task; by default the private ones are audited.
+TRAINING_MODES = PRIVACY_MODES
+DEFAULT_TRAINING_MODES = [mode for mode in TRAINING_MODES if mode != "none"]
 METRIC_COLUMNS = (
     "metric mechanism view declared_epsilon lower_bound ratio tight violation trials seconds"
 ).split()
@@ -86,13 +89,16 @@ TRAINING_DESCRIPTION = (
 Audit one round of a federated task per privacy mode with canaries: users whose update is
 a fixed vector on a coordinate the other clients barely move, run through the code the
 devices and the service run (clipping, the mode's noise, the server's aggregation), the
-adversary scoring the projection of what it sees on the canary. Many runs: rounds with
-and without the canary, a threshold chosen on --calibration of them, the bound from
---trials more of each (Jagielski et al. 2020). One run: --canaries canaries in one round,
-each present with probability 1/2, --guesses guesses at each end of the scores
-(Steinke, Nasr and Jagielski 2023). The bound is set beside the task accountant's epsilon
-for the round, at --delta. The other clients are --clients shares of --dataset, trained
-locally from the task's initial model.
+adversary scoring the projection of what it sees on the canary. In the silo mode
+(record-level DP-SGD in each silo) a canary is a record of one silo, on a feature column
+its other records leave at zero, and the adversary scores that silo's upload. Many runs:
+rounds with and without the canary, a threshold chosen on --calibration of them, the
+bound from --trials more of each (Jagielski et al. 2020). One run: --canaries canaries in
+one round, each present with probability 1/2, --guesses guesses at each end of the
+scores (Steinke, Nasr and Jagielski 2023). The bound is set beside the task accountant's
+epsilon for the round, at --delta. The other clients are --clients shares of --dataset,
+trained locally from the task's initial model; in the silo mode they are the silos, and
+the audited one holds the first share.
 
 """
     + WHAT_A_BOUND_MEANS
@@ -211,7 +217,7 @@ def _register_training(commands: Any) -> None:
     )
     parser.add_argument(
         "--modes", type=_list_of(_one_of(TRAINING_MODES, "mode"), "modes"),
-        default=["central", "distributed", "local"],
+        default=DEFAULT_TRAINING_MODES,
         help=f"comma-separated, from {','.join(TRAINING_MODES)}",
     )  # fmt: skip
     parser.add_argument(
@@ -240,15 +246,22 @@ def _register_training(commands: Any) -> None:
     )  # fmt: skip
     parser.add_argument("--dataset", choices=DATASETS, default="digits", help="the clients' data")
     parser.add_argument(
-        "--clients", type=_checked(_positive_int), default=10, help="the round's other clients"
-    )
-    parser.add_argument(
-        "--participation", type=_checked(_probability_or_one), default=1.0,
-        help="the task's sampling rate q",
+        "--clients", type=_checked(_positive_int), default=10,
+        help="the round's other clients (silo: the silos, the audited one holding the first "
+        "share)",
     )  # fmt: skip
     parser.add_argument(
-        "--clip-norm", type=_checked(_positive_float), default=1.0, help="the task's clip norm C"
-    )
+        "--participation", type=_checked(_probability_or_one), default=1.0,
+        help="the task's sampling rate q (silo: of each DP-SGD step's records)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--steps", type=_checked(_positive_int), default=1,
+        help="silo: the audited silo's DP-SGD steps in the round",
+    )  # fmt: skip
+    parser.add_argument(
+        "--clip-norm", type=_checked(_positive_float), default=1.0,
+        help="the task's clip norm C (silo: of each record's gradient)",
+    )  # fmt: skip
     parser.add_argument(
         "--delta", type=_checked(_probability), default=1e-5, help="the task's delta"
     )
@@ -379,14 +392,23 @@ def _run_training(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         )
     rng = _rng(args.seed)
     plan = [(m, mode, e) for m in methods for mode in args.modes for e in args.epsilons]
+    try:  # every task checked before the first audit runs
+        rounds = [
+            dataset_round(
+                data, mode, epsilon, canaries=args.canaries if method == "one-run" else 1,
+                participation=args.participation, clip_norm=args.clip_norm, delta=args.delta,
+                steps=args.steps, seed=seed,
+            )  # fmt: skip
+            for method, mode, epsilon in plan
+        ]  # fmt: skip
+    except ValueError as error:
+        parser.error(f"the audited task is not valid: {error}")
     alpha = args.alpha / len(plan)
     rows = []
-    for method, mode, epsilon in tqdm(plan, desc="audits", unit="audit", disable=args.quiet):
-        canaries = args.canaries if method == "one-run" else 1
-        round_ = dataset_round(
-            data, mode, epsilon, canaries=canaries, participation=args.participation,
-            clip_norm=args.clip_norm, delta=args.delta, seed=seed,
-        )  # fmt: skip
+    audits = tqdm(
+        list(zip(plan, rounds, strict=True)), desc="audits", unit="audit", disable=args.quiet
+    )
+    for (method, mode, epsilon), round_ in audits:
         if method == "many-runs":
             result = audit_many_runs(round_, args.trials, args.calibration, alpha, rng)
         else:
