@@ -71,17 +71,21 @@ and about one in a million shares all 32); random multipliers keep the counts bi
 
 Evaluating all rows. The top bits of b G_j are GF(2)-linear in b: they are the XOR over
 the four bytes b_0..b_3 of b (b = sum_i b_i x^(8 i)) of T_j[i][b_i], T_j[i][v] the top
-bits of (v x^(8 i)) G_j. ``SketchHash.walk`` packs these tables for a group of rows into
-64-bit words, one lane of 8, 16 or 32 bits per row (the top w bits of x_j for m = 2^w,
-all 32 bits otherwise, then scaled), so four gathers and four XORs per string give the
-columns of a whole group of 8, 4 or 2 rows.
+bits of (v x^(8 i)) G_j. ``SketchHash`` packs these tables for a group of rows into
+128-bit entries, one lane of 8, 16 or 32 bits per row (16, 8 or 4 rows), so four gathers
+of 16 bytes and four XORs per string give a whole group's columns. A lane holds the top
+w bits of x_j for m = 2^w, with room above them for the lane's index; for other m (and
+m = 2^31) it holds all 32 bits, scaled to a column afterwards. ``walk`` yields the
+columns row by row; ``row_sums`` adds up a table's entries at every row's column
+(sum_j A[j, h_j(s)], a sketch query): with the lane index l folded in above the column,
+each group's lanes index the group's rows laid end to end (l m + h_j(s)) directly, so a
+group costs those four gathers, one conversion, one gather and one add per string.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import sys
 from collections.abc import Iterable, Iterator, Sequence
 from fractions import Fraction
 from functools import cached_property
@@ -109,12 +113,17 @@ MAX_SKETCH_DEPTH = 1 << 24
 _LOW32 = 0xFFFF_FFFF
 #: Elements multiplied together by ``gf32_multiply`` (its work arrays stay in cache).
 _MULTIPLY_CHUNK = 1 << 15
-#: Rows whose byte tables are built together (8 KiB of int64 per row while building; a
-#: multiple of every group's rows).
+#: Rows whose byte tables are built together (8 KiB of int64 per row while building),
+#: rounded up to whole groups of rows.
 _TABLE_ROWS = 1 << 10
 #: Most 64-bit table words a ``SketchHash`` keeps built; larger families build them anew
 #: on each walk, ``_TABLE_ROWS`` rows at a time.
 _KEPT_TABLE_WORDS = 1 << 21
+#: One table entry: a group of rows' lanes, 128 bits, gathered as one item.
+_ENTRY = np.dtype("V16")
+#: Strings whose row sums ``SketchHash.row_sums`` computes together (their indices, lanes
+#: and partial sums take about 6 MiB).
+_SUM_BLOCK = 1 << 15
 
 
 def rappor_bloom_digests(pairs: Iterable[tuple[int, bytes]]) -> bytes:
@@ -193,12 +202,12 @@ class SketchHash:
         self.depth = depth
         self.width = width
         self.key = sketch_key(depth, width)
-        power_of_two = width & (width - 1) == 0
-        #: The top bits of x_j a lane of ``walk`` holds: w for m = 2^w, else all 32.
-        self.kept_bits: int = width.bit_length() - 1 if power_of_two else 32
-        #: Bits of a lane, and lanes (rows) per 64-bit word.
-        self.lane_bits: int = next(bits for bits in (8, 16, 32) if bits >= self.kept_bits)
-        self.lanes: int = 64 // self.lane_bits
+        #: The top bits of x_j a lane holds, and the bits of a lane (module docstring,
+        #: "Evaluating all rows").
+        self.kept_bits, self.lane_bits = _lane_layout(width)
+        #: Lanes (rows) per group: per 128-bit table entry.
+        self.lanes: int = 128 // self.lane_bits
+        self._lane = np.dtype(f"u{self.lane_bits // 8}")
 
     @property
     def collision_probability(self) -> Fraction:
@@ -249,55 +258,104 @@ class SketchHash:
         "Evaluating all rows"). The arrays yielded are one buffer reused: use each before
         asking for the next group's rows.
         """
-        n = fingerprints.shape[0]
-        b = fingerprints[:, 1]
-        chunks = [(b >> (8 * byte)) & 0xFF for byte in range(4)]
-        replicate = sum(1 << (self.lane_bits * lane) for lane in range(self.lanes))
-        top = (fingerprints[:, 0] >> (32 - self.kept_bits)).astype(np.uint64)
-        top *= np.uint64(replicate)  # a's top bits in every lane (no lane overflows)
-        packed, scratch = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint64)
-        lane_values = packed.view(f"u{self.lane_bits // 8}").reshape(n, self.lanes)
-        columns = np.empty((self.lanes, n), dtype=np.int64)
+        columns = np.empty((self.lanes, fingerprints.shape[0]), dtype=np.int64)
         row = 0
-        for tables in self._group_tables():
-            np.take(tables[0], chunks[0], out=packed, mode="wrap")  # bytes: never wrap
-            for byte in range(1, 4):
-                np.take(tables[byte], chunks[byte], out=scratch, mode="wrap")
-                np.bitwise_xor(packed, scratch, out=packed)
-            np.bitwise_xor(packed, top, out=packed)
-            np.copyto(columns, lane_values.T)
-            if self.kept_bits == 32:  # m not a power of two: scale x_j to 0..m-1
+        for lanes in self._group_lanes(fingerprints, indexed=False):
+            np.copyto(columns, lanes.T)
+            if self.kept_bits == 32:  # all of x_j: scaled to 0..m-1
                 columns *= self.width
                 columns >>= 32
             for lane in range(min(self.lanes, self.depth - row)):
                 yield columns[lane]
             row += self.lanes
 
+    def row_sums(self, table: np.ndarray, fingerprints: np.ndarray) -> np.ndarray:
+        """sum_j table[j, h_j(s)] for each fingerprint: int64 for an integer ``table``
+        (k, m), float64 for a real one.
+
+        The partial sums are kept in ``table``'s dtype, so it must hold
+        sum_j max_c |table[j, c]| (a sketch of n reports in int32 for n < 2^31). In blocks
+        of ``_SUM_BLOCK`` strings, a group of rows at a time (module docstring,
+        "Evaluating all rows").
+        """
+        if table.shape != (self.depth, self.width):
+            raise ValueError(
+                f"a table of this family is ({self.depth}, {self.width}), got {table.shape}"
+            )
+        groups = -(-self.depth // self.lanes)
+        laid = np.zeros((groups * self.lanes, self.width), dtype=table.dtype)
+        laid[: self.depth] = table  # the last group's missing rows add zeros
+        laid = laid.reshape(groups, self.lanes * self.width)  # a group's rows end to end
+        total_type = np.float64 if table.dtype.kind == "f" else np.int64
+        out = np.empty(fingerprints.shape[0], dtype=total_type)
+        starts = np.arange(self.lanes) * self.width
+        indexed = self.kept_bits < 32
+        for start in range(0, fingerprints.shape[0], _SUM_BLOCK):
+            block = fingerprints[start : start + _SUM_BLOCK]
+            index = np.empty((block.shape[0], self.lanes), dtype=np.int64)
+            gathered = np.empty(index.shape, dtype=table.dtype)
+            sums = np.zeros(index.shape, dtype=table.dtype)
+            for rows, lanes in zip(laid, self._group_lanes(block, indexed), strict=True):
+                np.copyto(index, lanes)
+                if not indexed:  # all of x_j: scaled to a column, then the row's start
+                    index *= self.width
+                    index >>= 32
+                    index += starts
+                np.take(rows, index, out=gathered, mode="wrap")  # in range: never wraps
+                sums += gathered
+            out[start : start + block.shape[0]] = sums.sum(axis=1, dtype=total_type)
+        return out
+
+    def _group_lanes(self, fingerprints: np.ndarray, indexed: bool) -> Iterator[np.ndarray]:
+        """Each group's (n, lanes) lanes in order: lane r of string i holds the kept top bits
+        of x_j, j the group's row r, plus r m when ``indexed`` (which needs kept_bits < 32).
+        The arrays yielded are one buffer reused."""
+        n = fingerprints.shape[0]
+        b = fingerprints[:, 1]
+        chunks = [(b >> (8 * byte)) & 0xFF for byte in range(4)]
+        top = np.empty((n, self.lanes), dtype=self._lane)
+        top[:] = (fingerprints[:, 0] >> (32 - self.kept_bits)).astype(self._lane)[:, None]
+        if indexed:
+            top += np.arange(self.lanes, dtype=self._lane) * self._lane.type(self.width)
+        top_words = top.view(np.uint64)  # the same bits as (n, 2) words, for the XORs
+        entries, scratch = np.empty(n, dtype=_ENTRY), np.empty(n, dtype=_ENTRY)
+        words = entries.view(np.uint64).reshape(n, 2)
+        scratch_words = scratch.view(np.uint64).reshape(n, 2)
+        lanes = entries.view(self._lane).reshape(n, self.lanes)
+        for tables in self._group_tables():
+            np.take(tables[0], chunks[0], out=entries, mode="wrap")  # bytes: never wrap
+            for byte in range(1, 4):
+                np.take(tables[byte], chunks[byte], out=scratch, mode="wrap")
+                np.bitwise_xor(words, scratch_words, out=words)
+            np.bitwise_xor(words, top_words, out=words)
+            yield lanes
+
     def _group_tables(self) -> Iterator[np.ndarray]:
-        """The (4, 256) uint64 byte tables of each group of ``lanes`` rows, in order."""
+        """The (4, 256) byte tables of each group of ``lanes`` rows, in order."""
         if self._kept_tables is not None:
             yield from self._kept_tables
             return
-        for start in range(0, self.depth, _TABLE_ROWS):
-            yield from self._build_tables(start, min(start + _TABLE_ROWS, self.depth))
+        for start, stop in self._table_batches():
+            yield from self._build_tables(start, stop)
+
+    def _table_batches(self) -> list[tuple[int, int]]:
+        """Rows [start, stop) whose tables are built together: about ``_TABLE_ROWS``, whole
+        groups."""
+        step = -(-_TABLE_ROWS // self.lanes) * self.lanes
+        return [(start, min(start + step, self.depth)) for start in range(0, self.depth, step)]
 
     @cached_property
     def _kept_tables(self) -> np.ndarray | None:
         """All groups' byte tables when they take at most ``_KEPT_TABLE_WORDS`` words."""
         groups = -(-self.depth // self.lanes)
-        if groups * 4 * 256 > _KEPT_TABLE_WORDS:
+        if groups * 4 * 256 * 2 > _KEPT_TABLE_WORDS:
             return None
-        parts = [
-            self._build_tables(start, min(start + _TABLE_ROWS, self.depth))
-            for start in range(0, self.depth, _TABLE_ROWS)
-        ]
-        return np.concatenate(parts)
+        return np.concatenate([self._build_tables(*rows) for rows in self._table_batches()])
 
     def _build_tables(self, start: int, stop: int) -> np.ndarray:
-        """(groups, 4, 256) uint64 for rows start..stop - 1 (start a multiple of ``lanes``):
+        """(groups, 4, 256) entries for rows start..stop - 1 (start a multiple of ``lanes``):
         lane r of entry [g, i, v] holds the top ``kept_bits`` bits of (v x^(8 i)) G_j,
-        j = start + g lanes + r, in the lane order of the machine's bytes (rows past
-        ``stop``: 0)."""
+        j = start + g lanes + r (rows past ``stop``: 0)."""
         groups = -(-(stop - start) // self.lanes)
         multipliers = np.zeros(groups * self.lanes, dtype=np.int64)
         multipliers[: stop - start] = self.multipliers[start:stop]
@@ -308,8 +366,16 @@ class SketchHash:
                 tables[byte, 1 << bit : 2 << bit] = tables[byte, : 1 << bit] ^ power
                 power = _times_x(power)
         tables >>= 32 - self.kept_bits
-        lanes = np.arange(self.lanes) if sys.byteorder == "little" else np.arange(self.lanes)[::-1]
-        shifts = (lanes * self.lane_bits).astype(np.uint64)
-        lanes_last = tables.astype(np.uint64).reshape(4, 256, groups, self.lanes) << shifts
-        packed = np.bitwise_xor.reduce(lanes_last, axis=3)  # (4, 256, groups)
-        return np.ascontiguousarray(packed.transpose(2, 0, 1))
+        lanes = tables.astype(self._lane).reshape(4, 256, groups, self.lanes)
+        return np.ascontiguousarray(lanes.transpose(2, 0, 1, 3)).view(_ENTRY)[..., 0]
+
+
+def _lane_layout(width: int) -> tuple[int, int]:
+    """(kept bits, lane bits): for m = 2^w, the narrowest lane of 8, 16 or 32 bits with room
+    for w bits and the index of a lane among 128 / lane bits; else (32, 32)."""
+    if width & (width - 1) == 0:
+        kept = width.bit_length() - 1
+        for lane_bits in (8, 16, 32):
+            if kept + (128 // lane_bits).bit_length() - 1 <= lane_bits:
+                return kept, lane_bits
+    return 32, 32

@@ -32,7 +32,8 @@ Mechanisms (``MECHANISMS``), each over every epsilon:
   epsilon, Erlingsson et al., CCS 2014) like every other mechanism here; f = 0 gives up
   RAPPOR's memoized longitudinal protection, which the others do not have either.
 
-Paths. ``exact`` encodes every user, in blocks, through the mechanism's ``encode``
+Paths. ``exact`` encodes every user, in work units of up to ``UNIT_BYTES`` of reports
+(``unit_users``), through the mechanism's ``encode``
 (devices' permanent randomness from ``SimulatedMemo(user ids)``; RAPPOR users a uniform
 cohort and a fresh 16-byte secret) and aggregates the reports. ``fast`` draws the
 statistics from their exact law (``simulate_statistics(strings, counts, rng)``) where a
@@ -109,8 +110,14 @@ __all__ = [
 
 MECHANISMS = ("cms", "hcms", "pem", "sfp", "rappor")
 DISCOVERY = frozenset({"pem", "sfp"})
-#: Users per work unit and per block of the population.
+#: Users per block of the population (``StringPopulation.blocks``).
 DEVICE_BLOCK = 1 << 16
+#: Bytes of reports a work unit of the exact path holds (its users: as many as fit, from
+#: ``MIN_UNIT_USERS`` to ``MAX_UNIT_USERS``): fewer, larger units share out each
+#: aggregation's fixed costs (counting the bits of a cms sketch row costs, besides its
+#: reports, about what 1,000 reports do).
+UNIT_BYTES = 1 << 25
+MIN_UNIT_USERS, MAX_UNIT_USERS = 1 << 8, 1 << 18
 #: The most users: u * a stays below 2^63 for a, u < n (the population's permutation).
 MAX_USERS = 3_000_000_000
 #: Generator streams of the run's seed: the population's layout, the noise, the memos.
@@ -263,12 +270,9 @@ class StringPopulation:
         offset = int(np.random.default_rng([self.seed, LAYOUT_STREAM]).integers(n))
         return stride, offset
 
-    def blocks(self) -> list[tuple[int, int]]:
-        """The blocks of users ``[start, stop)``."""
-        return [
-            (start, min(self.users, start + DEVICE_BLOCK))
-            for start in range(0, self.users, DEVICE_BLOCK)
-        ]
+    def blocks(self, size: int = DEVICE_BLOCK) -> list[tuple[int, int]]:
+        """The blocks of ``size`` users ``[start, stop)`` (the last one shorter)."""
+        return [(start, min(self.users, start + size)) for start in range(0, self.users, size)]
 
     def held(self, start: int, stop: int) -> np.ndarray:
         """The string index held by each user in ``[start, stop)``."""
@@ -358,6 +362,13 @@ class UnitResult:
     statistics: Any
     encode_seconds: float
     aggregate_seconds: float
+
+
+def unit_users(spec: MechanismSpec) -> int:
+    """Users per work unit of the exact path: ``UNIT_BYTES`` of reports, a report taken as
+    24 bytes plus its bit vector (cms and sfp: m bits; rappor: its Bloom bits)."""
+    report_bytes = 24 + ((spec.sketch_width or 0) + (spec.num_bits or 0)) // 8
+    return min(MAX_UNIT_USERS, max(MIN_UNIT_USERS, UNIT_BYTES // report_bytes))
 
 
 def run_unit(unit: Unit) -> UnitResult:
@@ -533,7 +544,7 @@ def simulate(
     plan: list[tuple[int, int, int, int, bool]] = []
     for index, spec in enumerate(specs):
         simulated = path == "fast" and hasattr(mechanism_for(spec), "simulate_statistics")
-        spans = [(0, population.users)] if simulated else population.blocks()
+        spans = [(0, population.users)] if simulated else population.blocks(unit_users(spec))
         plan += [(index, rep, a, b, simulated) for rep in range(reps) for a, b in spans]
     seeds = np.random.SeedSequence([population.seed, NOISE_STREAM]).spawn(len(plan))
     units = [

@@ -71,34 +71,61 @@ of S through its Walsh-Hadamard transform S^_j(omega) = sum_c S_jc (-1)^(omega.c
 
 one scatter of the k m transformed counts and one Walsh-Hadamard transform of length 2^24
 (``shared.hadamard``): O(k m log m + 24 2^24) per position, whatever k, instead of k 2^24
-lookups (float64, exact up to rounding far below one count).
+lookups (float64, exact up to rounding far below one count; the transform runs a
+cache-sized block at a time, ``shared.hadamard``).
 
-Selection. The pool is the keys whose phi exceeds z sigma_p, sigma_p the ``cms`` standard
-error of a key no device holds without the hash-collision term and z the normal quantile
-that lets about ``FALSE_FRAGMENTS`` of the 2^24 null keys through (at most ``MAX_POOL``
-keys, the largest). Among 2^24 keys many share their column, in some rows, with a much
+Selection, by peeling. Among 2^24 keys many share their column, in some rows, with a much
 heavier key (about 1/m of them in each row), and their sums carry a share of its reports.
-So the pool is confirmed in decreasing order of phi, in batches: a key's clean rows R are
-those where its column is not that of a key confirmed before it; its phi is recomputed
-from them, with (k/|R|) sum_{j in R} A[j, h_j(x)] in place of Z(x), which holds no share
-of those keys' reports and has about k/|R| times the variance; it is confirmed if that
-exceeds z sigma sqrt(k/|R|), sigma the ``cms`` standard error at f = 0 with the collision
-term of the mass not yet confirmed (F = F2^ - sum of the confirmed phi^2, F2^ the
-sketch's second-moment estimate). A key with no clean row cannot be told from the keys it
-shares every column with, and is judged as they are, on all rows. Keys x, x' share every
-row when C_j (x XOR x') = 0 for all j: each key has 2^(24 - r) - 1 such twins, r the rank
-of the C_j stacked, so none once r = 24, as it is for random row maps with k w well
-above 24. At most ``MAX_FRAGMENTS`` keys per position are kept. Apple thresholds the
-fragment sketches likewise; the domain is not shrunk to an alphabet, every byte pair is
-tested.
+So keys are confirmed greedily, heaviest first, and each key confirmed is peeled off the
+sketch: its estimated reports, n_l phi(x)/k in each row, are subtracted from its k cells,
+which takes its share out of every key sharing them. With keys of total share P peeled, a
+key's estimate is phi(x) = (Z'(x)/n_l - kappa (1 - P))/(1 - kappa), Z' its sum in the
+peeled sketch (the kappa term counts only the reports left), unbiased as before. A key is
+confirmed when phi(x) exceeds z sigma, sigma the ``cms`` standard error at f = 0 with the
+collision term of the mass not yet confirmed (F = F2^ - sum of the confirmed phi^2, F2^
+the sketch's second-moment estimate) and z the normal quantile that lets about
+``FALSE_FRAGMENTS`` of the 2^24 null keys through. Peeling only removes reports, so after
+further peeling of a share dP a key's phi can grow only through the kappa term, by at most
+kappa dP/(1 - kappa); this bound tells which keys can still pass.
+
+Per position: all keys are decoded; the pool is those above z sigma_p - kappa/(1 - kappa)
+(sigma_p the standard error without the collision term: no key below can ever pass), at
+most ``MAX_POOL``, the largest. It is judged by decreasing phi in batches of 1, 2, 4, ...
+up to ``_CONFIRM_BATCH`` keys: each key's phi is recomputed from the peeled sketch (k
+lookups); those above the threshold that share no cell with a key passed before them in
+the batch are confirmed and peeled, the others that passed are judged again first. When
+a batch confirms nothing although keys were peeled since the pool's values were computed,
+those values are all recomputed (``SketchHash.row_sums``) and sorted again. Keys that
+failed are judged again in another pass while confirmations lower the threshold; and when
+the pool was cut at ``MAX_POOL`` while a key left out could still pass, the peeled sketch
+is decoded again (at most ``MAX_ROUNDS`` decodings). At most ``MAX_FRAGMENTS`` keys per
+position are kept. Keys x, x' share every cell when C_j (x XOR x') = 0 for all j: each key
+has 2^(24 - r) - 1 such twins, r the rank of the C_j stacked, so none once r = 24, as it
+is for random row maps with k w well above 24; a twin of a key confirmed is left at about
+0 by its peeling. Apple thresholds the fragment sketches likewise; the domain is not
+shrunk to an alphabet, every byte pair is tested.
+
+Sketch size. Whatever n is, a key's collision error has a standard deviation of about
+sqrt(F2 / (m k)), F2 the sum of the squared shares of the fragments (about that of the
+strings), so a string is found only when its frequency exceeds about z sqrt(F2 / (m k)):
+with F2 = 0.05 and the 10th string at 1.4% (Zipf(1.1) over a thousand words) that asks
+for m k of at least 10^4 (pure-ldp's own experiments use k x m from 32 x 1024 to
+1024 x 2048). Peeling takes out what the heaviest keys add, not the noise of the many
+small ones: there a 64 x 8 sketch finds only the strings above about 4%, at any n.
 
 Puzzle. For each tag t kept at every position, every choice of one kept fragment with
 tag t per position is a candidate (when there are more than ``MAX_COMBINATIONS``, the
 best fragments of each position are kept, as many per position as fit). A candidate
 stays if its bytes are well-formed UTF-8 followed only by padding
 (``shared.mechanisms.strings.well_formed_prefixes``) and its own tag is t (a wrong assembly
-passes with probability 1/256). The survivors are estimated in the whole-string sketch
-and the k largest estimates are the heavy hitters (``heavy_hitters``).
+passes with probability 1/256). The survivors are estimated in the whole-string sketch,
+and only those whose estimate exceeds z_s sigma_0 are kept: sigma_0 the standard error of
+a string no device holds (the ``cms`` std at f = 0 with the collision term of all the
+mass, F2^ of the whole-string sketch) and z_s the normal quantile at 1 - ``FALSE_STRINGS``
+/ c for c candidates (Bonferroni), so that a string no device holds (fragments of two
+strings that share a tag assembled across, whose own tag matches by chance; or a false
+fragment) is reported with probability at most ``FALSE_STRINGS``. The k largest estimates
+kept are the heavy hitters (``heavy_hitters``).
 
 Estimates. ``estimate(stats, candidates)`` is the ``cms`` estimate from the n_0
 whole-string reports. Each device is in slot 0 independently with probability
@@ -179,11 +206,15 @@ FRAGMENT_LABEL = b"LDP sfp fragment v1\x00"
 FRAGMENT_BITS = 24
 #: Null keys (frequency 0) expected to pass a position's threshold by privacy noise alone.
 FALSE_FRAGMENTS = 16
-#: Most keys above the threshold confirmed per position, and most kept.
-MAX_POOL = 1 << 16
+#: Most keys judged per round, and most kept per position.
+MAX_POOL = 1 << 20
 MAX_FRAGMENTS = 4096
+#: Most rounds of decoding a position's 2^24 keys (each with the keys confirmed peeled off).
+MAX_ROUNDS = 4
 #: Most candidates assembled for one tag.
 MAX_COMBINATIONS = 4096
+#: Chance that some assembled string no device holds passes the whole-string check.
+FALSE_STRINGS = 0.01
 #: Most strings ``heavy_hitters`` returns.
 MAX_HEAVY_HITTERS = 256
 #: Largest batch of keys confirmed together.
@@ -519,72 +550,145 @@ class SequenceFragmentPuzzle(OpenStringMechanism, Mechanism[CountStatistics, Est
         n = position_stats.n
         if n <= 0:
             raise ValueError("cannot estimate fragments from zero reports")
+        return self._decode(self._debiased(position_stats), n, 0.0)
+
+    def _debiased(self, position_stats: CountStatistics) -> np.ndarray:
+        """The debiased sketch A = scale S + o of a position, (k, m) float64."""
         table, scale, offsets = self.sketch.sketch_table(position_stats)
+        return scale * table + offsets[:, None]
+
+    def _decode(self, sketch: np.ndarray, n: int, peeled: float) -> np.ndarray:
+        """(Z(x)/n - kappa (1 - P))/(1 - kappa) for all 2^24 keys x, Z(x) = sum_j
+        sketch[j, h_j(x)] by one transform, P = ``peeled`` (module docstring, "Fragment
+        decoding" and "Selection")."""
         z, signs = self._decoder
-        spectrum = walsh_hadamard(table) * signs
+        spectrum = walsh_hadamard(sketch) * signs
         sums: np.ndarray = np.bincount(
             z.reshape(-1), spectrum.reshape(-1), minlength=1 << FRAGMENT_BITS
         )  # float64 (weighted counts)
         walsh_hadamard(sums, out=sums)
-        sums *= scale / self.width
-        sums += float(offsets.sum())
         kappa = self.sketch.kappa
-        sums /= n
-        sums -= kappa
-        sums /= 1.0 - kappa
+        sums *= 1.0 / (self.width * n * (1.0 - kappa))  # the transform's 1/m, then phi's
+        sums -= kappa * (1.0 - peeled) / (1.0 - kappa)
         return sums
 
-    def _frequent_fragments(self, position_stats: CountStatistics) -> tuple[np.ndarray, np.ndarray]:
-        """(keys, phi) of one position's confirmed fragments, at most MAX_FRAGMENTS, phi from
-        their clean rows (module docstring, "Selection")."""
+    def frequent_fragments(self, position_stats: CountStatistics) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, phi) of one position's confirmed fragments, at most ``MAX_FRAGMENTS``, in
+        the order confirmed (module docstring, "Selection")."""
         n = position_stats.n
-        phi = self.fragment_frequencies(position_stats)
-        z = NormalDist().inv_cdf(1.0 - FALSE_FRAGMENTS / phi.size)
-        pool = np.flatnonzero(phi > z * np.sqrt(self.sketch.frequency_variance(n, 0.0, 0.0)))
-        if pool.size > MAX_POOL:
-            pool = pool[np.argpartition(-phi[pool], MAX_POOL)[:MAX_POOL]]
-        pool = pool[np.argsort(-phi[pool], kind="stable")]
-        second = float(np.clip(self.sketch.second_moment(position_stats), 0.0, 1.0))
-        confirmed, clean_phi = self._confirm(position_stats, pool, phi[pool], z, second)
-        return pool[confirmed][:MAX_FRAGMENTS], clean_phi[confirmed][:MAX_FRAGMENTS]
+        sketch = self._debiased(position_stats)
+        z = NormalDist().inv_cdf(1.0 - FALSE_FRAGMENTS / (1 << FRAGMENT_BITS))
+        null = float(np.sqrt(self.sketch.frequency_variance(n, 0.0, 0.0)))
+        selection = _Selection(float(np.clip(self.sketch.second_moment(position_stats), 0, 1)))
+        for _ in range(MAX_ROUNDS):
+            decoded_at = selection.peeled
+            phi = self._decode(sketch, n, decoded_at)
+            phi[selection.keys()] = -np.inf
+            pool = np.flatnonzero(phi > z * null - self._drift(1.0))  # none below can pass
+            cut = -np.inf  # the largest phi left out of the pool
+            if pool.size > MAX_POOL:
+                parts = np.argpartition(-phi[pool], MAX_POOL)
+                cut = float(phi[pool[parts[MAX_POOL]]])
+                pool = pool[parts[:MAX_POOL]]
+            self._confirm(sketch, n, pool, phi[pool], z, selection)
+            if selection.count >= MAX_FRAGMENTS:
+                break
+            sigma = np.sqrt(self.sketch.frequency_variance(n, 0.0, selection.rest))
+            if cut + self._drift(selection.peeled - decoded_at) <= z * sigma:
+                break
+        return selection.keys(), selection.values()
+
+    def _drift(self, peeled: float) -> float:
+        """The most a key's phi can grow when keys of total phi ``peeled`` are peeled off:
+        only the kappa term moves (peeling subtracts reports)."""
+        kappa = self.sketch.kappa
+        return kappa * peeled / (1.0 - kappa)
+
+    def _phi(self, sketch: np.ndarray, n: int, keys: np.ndarray, peeled: float) -> np.ndarray:
+        """phi of ``keys`` from ``sketch`` with a share ``peeled`` of the reports peeled off:
+        (Z(x)/n - kappa (1 - P))/(1 - kappa), Z(x) = sum_j sketch[j, h_j(x)]."""
+        kappa = self.sketch.kappa
+        sums = self.sketch.hash.row_sums(sketch, fragment_fingerprints(keys))
+        return (sums / n - kappa * (1.0 - peeled)) / (1.0 - kappa)
 
     def _confirm(
         self,
-        position_stats: CountStatistics,
+        sketch: np.ndarray,
+        n: int,
         keys: np.ndarray,
-        phi: np.ndarray,
+        values: np.ndarray,
         z: float,
-        second: float,
+        selection: _Selection,
+    ) -> None:
+        """Judge a pool of ``keys`` whose phi, exact now, are ``values``, peeling each key
+        confirmed off ``sketch`` in place; then judge again those that failed while the
+        threshold was higher, for as long as keys are confirmed (module docstring,
+        "Selection")."""
+        floor = z * np.sqrt(self.sketch.frequency_variance(n, 0.0, 0.0))
+        while keys.size and selection.count < MAX_FRAGMENTS:
+            before = selection.count
+            keys, values = self._sweep(sketch, n, keys, values, z, selection)
+            if selection.count == before:  # the threshold has not moved
+                break
+            possible = values > floor - self._drift(1.0 - selection.peeled)
+            keys, values = keys[possible], values[possible]
+
+    def _sweep(
+        self,
+        sketch: np.ndarray,
+        n: int,
+        keys: np.ndarray,
+        bounds: np.ndarray,
+        z: float,
+        selection: _Selection,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Which of ``keys`` (``phi`` their estimates, decreasing) are confirmed, and their
-        phi from their clean rows (module docstring, "Selection"); ``second`` is F2^."""
-        k, n, kappa = self.depth, position_stats.n, self.sketch.kappa
-        table, scale, offsets = self.sketch.sketch_table(position_stats)
-        debiased = scale * table + offsets[:, None]
-        prints = fragment_fingerprints(keys)
-        taken = np.zeros((k, self.width), dtype=bool)
-        rows = np.arange(k)
-        confirmed = np.zeros(keys.size, dtype=bool)
-        clean_phi = np.zeros(keys.size)
-        start, size = 0, 1
-        while start < keys.size:  # batches of keys, doubling: the heaviest are confirmed first
-            batch = slice(start, start + size)
-            columns = self.sketch.hash.columns(prints[batch]).T  # (keys, k)
-            clean = ~taken[rows, columns]
-            clean_rows = clean.sum(axis=1)
-            twin = clean_rows == 0
-            clean[twin] = True  # no clean row: judged on all rows, as the keys it twins
-            clean_rows[twin] = k
-            values = np.where(clean, debiased[rows, columns], 0.0).sum(axis=1)
-            share = k * values / (clean_rows * n)
-            clean_phi[batch] = np.where(twin, phi[batch], (share - kappa) / (1.0 - kappa))
-            rest = max(second - float(np.sum(clean_phi[confirmed] ** 2)), 0.0)
-            sigma = np.sqrt(self.sketch.frequency_variance(n, 0.0, rest) * k / clean_rows)
-            ok = clean_phi[batch] > z * sigma
-            confirmed[batch] = ok
-            taken[rows, columns[ok]] = True
-            start, size = start + size, min(2 * size, _CONFIRM_BATCH)
-        return confirmed, clean_phi
+        """One pass over ``keys`` (phi at most ``bounds`` now), by decreasing bound, in
+        batches: each key's phi recomputed from ``sketch``, confirmed above z sigma and
+        peeled off ``sketch``. Returns the keys not confirmed with bounds of their phi
+        at the end."""
+        k, m, kappa = self.depth, self.width, self.sketch.kappa
+        rows = np.arange(k)[:, None]
+        failed: list[tuple[np.ndarray, np.ndarray, float]] = []  # (keys, phi, at P)
+        threshold = z * np.sqrt(self.sketch.frequency_variance(n, 0.0, selection.rest))
+        queue, bounds = _sorted_above(keys, bounds, threshold, failed, selection.peeled)
+        exact_at, fresh = selection.peeled, True  # bounds hold at P = exact_at; no peel since
+        first = np.zeros(0, dtype=np.int64)  # keys judged again first (deferred)
+        size = 1
+        while selection.count < MAX_FRAGMENTS:
+            threshold = z * np.sqrt(self.sketch.frequency_variance(n, 0.0, selection.rest))
+            limit = threshold - self._drift(selection.peeled - exact_at)
+            live = int(np.searchsorted(-bounds, -limit, side="left"))  # bounds above limit
+            if not (first.size or live):
+                break
+            taken = min(max(size - first.size, 0), live)
+            batch = np.concatenate([first, queue[:taken]])
+            queue, bounds = queue[taken:], bounds[taken:]
+            columns = self.sketch.hash.columns(fragment_fingerprints(batch))  # (k, batch)
+            sums = sketch[rows, columns].sum(axis=0)
+            phi = (sums / n - kappa * (1.0 - selection.peeled)) / (1.0 - kappa)
+            passed = phi > threshold
+            failed.append((batch[~passed], phi[~passed], selection.peeled))
+            if not passed.any():
+                if fresh:  # the best keys left fail: so do the others
+                    break
+                exact = self._phi(sketch, n, queue, selection.peeled)
+                queue, bounds = _sorted_above(queue, exact, threshold, failed, selection.peeled)
+                exact_at, fresh, first = selection.peeled, True, first[:0]
+                continue
+            passed = np.flatnonzero(passed)
+            cells = (rows * m + columns[:, passed]).T  # (passed, k)
+            clear = _first_claims(cells)  # sharing no cell with a key passed before it
+            ok = passed[clear][: MAX_FRAGMENTS - selection.count]
+            share = np.repeat(n * phi[ok] / k, k)  # a key's reports, a k-th in each row
+            np.subtract.at(sketch.reshape(-1), cells[clear][: ok.size].reshape(-1), share)
+            selection.add(batch[ok], phi[ok])
+            first = batch[passed[~clear]]  # judged again once the keys before are peeled
+            fresh = False
+            size = min(2 * size, _CONFIRM_BATCH)
+        failed.append((queue, bounds, exact_at))
+        left = np.concatenate([keys for keys, _, _ in failed])
+        drifted = [phi + self._drift(selection.peeled - at) for _, phi, at in failed]
+        return left, np.concatenate(drifted)
 
     def candidates(self, found: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[str]:
         """The puzzle: strings assembled from one kept fragment per position sharing a tag,
@@ -619,9 +723,9 @@ class SequenceFragmentPuzzle(OpenStringMechanism, Mechanism[CountStatistics, Est
         return [value.decode("utf-8") for value, ok in zip(raw, matching, strict=True) if ok]
 
     def heavy_hitters(self, stats: CountStatistics, k: int) -> HeavyHitters:
-        """The k largest whole-string estimates among the assembled candidates (module
-        docstring, "Fragment decoding", "Puzzle"), most frequent first; fewer when fewer
-        candidates are found."""
+        """The k largest whole-string estimates among the assembled candidates that pass the
+        whole-string check (module docstring, "Fragment decoding", "Puzzle"), most frequent
+        first; fewer when fewer pass."""
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_HEAVY_HITTERS:
             raise ValueError(f"k must be an integer in 1..{MAX_HEAVY_HITTERS}, got {k!r}")
         parts = self.blocks(stats)
@@ -629,17 +733,28 @@ class SequenceFragmentPuzzle(OpenStringMechanism, Mechanism[CountStatistics, Est
         names += [f"the sketch of fragment position {p}" for p in range(self.positions)]
         for part, what in zip(parts, names, strict=True):
             self._require_reports(part, what)
-        strings = self.candidates([self._frequent_fragments(part) for part in parts[1:]])
+        strings = self.candidates([self.frequent_fragments(part) for part in parts[1:]])
         if not strings:
             return HeavyHitters(np.zeros(0), np.zeros(0), stats.n, strings=())
         found = self._whole_estimate(parts[0], stats.n, strings)
-        order = np.argsort(-found.frequencies, kind="stable")[:k]
+        order = np.argsort(-found.frequencies, kind="stable")
+        order = order[found.frequencies[order] > self._whole_threshold(parts[0], len(strings))]
+        order = order[:k]
         return HeavyHitters(
             found.frequencies[order],
             found.std[order],
             stats.n,
             strings=tuple(strings[i] for i in order.tolist()),
         )
+
+    def _whole_threshold(self, whole: CountStatistics, candidates: int) -> float:
+        """z sigma_0: sigma_0 the std of the whole-string estimate of a string no device
+        holds (the ``cms`` std at f = 0, with the collision term of all the mass, F2^), z
+        the normal quantile that lets such a string through with probability
+        ``FALSE_STRINGS`` / candidates (module docstring, "Puzzle")."""
+        second = float(np.clip(self.sketch.second_moment(whole), 0.0, 1.0))
+        null = float(np.sqrt(self.sketch.frequency_variance(whole.n, 0.0, second)))
+        return NormalDist().inv_cdf(1.0 - FALSE_STRINGS / candidates) * null
 
     def variance(self, n: int) -> float:
         """Var_cms at f = 0, F = 0 from n / (P + 1) whole-string reports: (P + 1) times the
@@ -682,6 +797,56 @@ class SequenceFragmentPuzzle(OpenStringMechanism, Mechanism[CountStatistics, Est
                 index = index * self.width + columns
             rows.append(per_sketch[index])
         return (np.concatenate(rows, axis=1) / self.slots)[codes]
+
+
+def _sorted_above(
+    keys: np.ndarray,
+    values: np.ndarray,
+    threshold: float,
+    below: list[tuple[np.ndarray, np.ndarray, float]],
+    peeled: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The keys whose value exceeds ``threshold``, by decreasing value, with their values;
+    the others are added to ``below`` as (keys, values, ``peeled``)."""
+    above = values > threshold
+    below.append((keys[~above], values[~above], peeled))
+    keys, values = keys[above], values[above]
+    order = np.argsort(-values, kind="stable")
+    return keys[order], values[order]
+
+
+def _first_claims(cells: np.ndarray) -> np.ndarray:
+    """For each row of a (keys, k) matrix of cells: whether none of its cells is in an
+    earlier row."""
+    owner = np.repeat(np.arange(cells.shape[0]), cells.shape[1])
+    _, first, inverse = np.unique(cells.reshape(-1), return_index=True, return_inverse=True)
+    mine = (owner[first][inverse] == owner).reshape(cells.shape)
+    return np.asarray(mine.all(axis=1))
+
+
+class _Selection:
+    """The keys a position has confirmed so far, their phi, the share of reports peeled off
+    (P, the sum of their phi) and the collision mass not yet confirmed (F2^ - sum phi^2)."""
+
+    def __init__(self, second_moment: float) -> None:
+        self._keys: list[np.ndarray] = []
+        self._values: list[np.ndarray] = []
+        self.count = 0
+        self.peeled = 0.0
+        self.rest = second_moment
+
+    def add(self, keys: np.ndarray, values: np.ndarray) -> None:
+        self._keys.append(keys)
+        self._values.append(values)
+        self.count += keys.size
+        self.peeled += float(values.sum())
+        self.rest = max(self.rest - float(np.sum(values**2)), 0.0)
+
+    def keys(self) -> np.ndarray:
+        return np.concatenate([np.zeros(0, dtype=np.int64), *self._keys])
+
+    def values(self) -> np.ndarray:
+        return np.concatenate([np.zeros(0), *self._values])
 
 
 def _fitting(sizes: np.ndarray, limit: int) -> int:

@@ -90,9 +90,9 @@ P^ = (k (X - n) - kappa n (n - 1))/(1 - kappa). ``variance(n)`` is the formula a
 F = 0: a string no device holds, among many small ones.
 
 Queries. Z(s) for a batch of candidates costs one SHA-256 per candidate, then per group
-of rows four gathers and four XORs of byte tables (``SketchHash.walk``), and per row one
-gather and one add per candidate on an integer table (int32 when n < 2^31:
-|sum_j table[j, .]| <= n), in blocks of candidates that stay in cache.
+of 8 rows (m <= 8192) four gathers and four XORs of byte tables, and per row one gather
+and one add per candidate on an integer table (``SketchHash.row_sums``; int32 when
+n < 2^31: |sum_j table[j, c_j]| <= sum_j R_j = n), in blocks of candidates.
 
 Simulation (``simulate_statistics(strings, counts, rng)``, seeded generators only): exact
 in law, each distinct string hashed once, then ``simulate_fingerprints(fingerprints,
@@ -165,8 +165,6 @@ from shared.statistics import CountStatistics
 
 __all__ = ["CountMeanSketch", "HadamardCountMeanSketch", "SketchMechanism"]
 
-#: Candidates whose row sums are gathered together (their columns and sums stay in cache).
-_QUERY_BLOCK = 1 << 14
 #: ``cms`` aggregation sums each row's packed reports with ``bit_sums`` when rows average
 #: at least this many reports; rows of fewer reports are unpacked and summed by segment.
 _ROW_REPORTS = 64
@@ -263,19 +261,10 @@ class SketchMechanism(OpenStringMechanism, Mechanism[CountStatistics, Estimate])
         return Estimate(frequencies, std, n)
 
     def _row_sums(self, table: np.ndarray, fingerprints: np.ndarray, n: int) -> np.ndarray:
-        """sum_j table[j, h_j(s)] for every fingerprint (int64), in blocks of candidates."""
+        """sum_j table[j, h_j(s)] for every fingerprint (int64), summed in int32 when
+        n < 2^31 (|sum_j table[j, c_j]| <= sum_j R_j = n)."""
         dtype = np.int32 if n < 2**31 else np.int64
-        rows = np.ascontiguousarray(table, dtype=dtype)
-        total = np.empty(fingerprints.shape[0], dtype=np.int64)
-        for start in range(0, fingerprints.shape[0], _QUERY_BLOCK):
-            block = fingerprints[start : start + _QUERY_BLOCK]
-            acc = np.zeros(block.shape[0], dtype=dtype)
-            gathered = np.empty(block.shape[0], dtype=dtype)
-            for row, columns in zip(rows, self.hash.walk(block), strict=True):
-                np.take(row, columns, out=gathered, mode="wrap")  # columns < m: no wrapping
-                np.add(acc, gathered, out=acc)
-            total[start : start + block.shape[0]] = acc
-        return total
+        return self.hash.row_sums(np.asarray(table, dtype=dtype), fingerprints)
 
     def second_moment(self, stats: CountStatistics) -> float:
         """F2^, unbiased for sum_u f_u^2 over all strings (module docstring, "Plug-in")."""
@@ -425,17 +414,25 @@ class CountMeanSketch(SketchMechanism):
     def aggregate(self, reports: np.ndarray) -> CountStatistics:
         """Per row present: R_j and the bit sums S_jc (sparse over the rows present)."""
         reports = self.check_reports(reports)
-        rows = reports["row"]
-        order = np.argsort(rows, kind="stable")
-        present, first, per_row = np.unique(rows[order], return_index=True, return_counts=True)
-        bits = reports["bits"][order]
+        rows, bits = reports["row"], np.ascontiguousarray(reports["bits"])
+        counts = np.bincount(rows, minlength=self.depth)
+        present = np.flatnonzero(counts)
+        per_row = counts[present]
+        narrow = np.uint16 if self.depth <= 1 << 16 else np.uint32  # rows < k <= 2^24
+        order = np.argsort(rows.astype(narrow), kind="stable")  # 16 bits: a radix sort
         table = np.zeros((present.size, self.width + 1), dtype=np.int64)
         table[:, 0] = per_row
         if present.size * _ROW_REPORTS <= rows.size:  # a loop over rows, not reports
-            for i, (start, count) in enumerate(zip(first.tolist(), per_row.tolist(), strict=True)):
-                table[i, 1:] = bit_sums(bits[start : start + count], self.width)
+            gathered = np.empty((int(per_row.max(initial=0)), self.row_bytes), dtype=np.uint8)
+            start = 0
+            for i, count in enumerate(per_row.tolist()):  # a row's reports, gathered in cache
+                mine = gathered[:count]
+                np.take(bits, order[start : start + count], axis=0, out=mine, mode="clip")
+                table[i, 1:] = bit_sums(mine, self.width)
+                start += count
         else:
-            self._segment_sums(bits, np.repeat(np.arange(present.size), per_row), table[:, 1:])
+            segments = np.repeat(np.arange(present.size), per_row)
+            self._segment_sums(np.take(bits, order, axis=0), segments, table[:, 1:])
         cells = present[:, None] * (self.width + 1) + np.arange(self.width + 1)
         return CountStatistics.sparse(
             rows.size, self.depth * (self.width + 1), cells.reshape(-1), table.reshape(-1)

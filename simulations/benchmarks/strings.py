@@ -30,8 +30,11 @@ sketch on both sides.
    over the same users in chunks (their reports are arrays of m numbers; the chunks bound
    memory), with Python's and numpy's global generators seeded, which they use.
 2. Candidate queries: ``--queries`` distinct strings estimated against a cms and an hcms
-   sketch of depth ``QUERY_DEPTH`` and width ``QUERY_WIDTH``; pure-ldp's time for the
-   same is extrapolated from ``PEER_QUERIES`` queries (one Python call each).
+   sketch of depth ``QUERY_DEPTH`` and width ``QUERY_WIDTH``, with the time of its parts
+   (hashing the candidates, SHA-256 each; the row sums, ``SketchHash.row_sums``) and of
+   the floor of any numpy query (``gather_floor``: one gather and one add per candidate
+   and row, the columns given); pure-ldp's time for the same is extrapolated from
+   ``PEER_QUERIES`` queries (one Python call each).
 3. Discovery at scale: pem and sfp over ``--discovery-n`` users (statistics drawn from
    their law where the mechanism can, else every user encoded), the heavy-hitter search
    timed on its own.
@@ -70,6 +73,7 @@ from typing import Any
 
 import numpy as np
 
+from shared.mechanisms.strings import utf8_values
 from shared.schemas import MechanismSpec
 from simulations import report
 from simulations.benchmarks.mechanisms import SPEED_TARGET, mse_verdict, si, times
@@ -103,6 +107,8 @@ QUERY_TARGET_SECONDS = 1.0
 DISCOVERY_TARGET_SECONDS = 60.0
 #: Queries timed on the peer, whose time for all of them is extrapolated.
 PEER_QUERIES = 1000
+#: Candidates whose cells the floor of a query gathers together.
+FLOOR_BLOCK = 1 << 15
 #: Passes of ours whose best encode and aggregate rates count.
 SPEED_REPEATS = 3
 #: Our mechanism and the peer's method that implements it.
@@ -345,25 +351,21 @@ class Timing:
 
 
 def time_queries(count: int, peer: Any, seed: int) -> list[Timing]:
-    """``count`` distinct candidates estimated against a QUERY_DEPTH x QUERY_WIDTH sketch."""
+    """``count`` distinct candidates estimated against a QUERY_DEPTH x QUERY_WIDTH sketch,
+    with where the time goes: hashing the candidates, the row sums, and the floor of any
+    numpy query that gathers and adds one sketch cell per candidate and row (``floor``)."""
     queries = [f"q{i:08d}" for i in range(count)]
     held = StringPopulation(tuple(queries[:1000]), parse_categorical_shape(SHAPE), 10_000, seed)
+    floor = gather_floor(count, QUERY_DEPTH, QUERY_WIDTH, seed)
     timings = []
     for name in ("cms", "hcms"):
         timing = Timing(name, math.nan, QUERY_TARGET_SECONDS, counted(count, "query", "queries"))
         try:
-            spec = MechanismSpec(
-                mechanism=name, epsilon=4.0, sketch_width=QUERY_WIDTH, sketch_depth=QUERY_DEPTH
+            timing.seconds, hashing, sums = query_seconds(name, queries, held, seed)
+            timing.detail += (
+                f": hashing {hashing:.2f} s, row sums {sums:.2f} s; the "
+                f"{QUERY_DEPTH * count:.1e} gathers and adds alone take {floor:.2f} s here"
             )
-            mech = mechanism_for(spec)
-            rng = np.random.default_rng(seed)
-            stats = mech.aggregate(mech.encode(held.values(0, held.users), rng))
-            best = math.inf
-            for _ in range(2):
-                began = time.perf_counter()
-                mech.estimate(stats, queries)
-                best = min(best, time.perf_counter() - began)
-            timing.seconds = best
         except Exception as error:  # noqa: BLE001 - report the mechanism and carry on
             timing.error = f"{type(error).__name__}: {error}"
         if peer is not None:
@@ -379,6 +381,60 @@ def time_queries(count: int, peer: Any, seed: int) -> list[Timing]:
                 timing.peer_seconds = (time.perf_counter() - began) * count / PEER_QUERIES
         timings.append(timing)
     return timings
+
+
+def query_seconds(
+    name: str, queries: list[str], held: StringPopulation, seed: int
+) -> tuple[float, float, float]:
+    """(estimate, hashing, row sums) seconds of ``queries`` against a sketch of ``held``."""
+    spec = MechanismSpec.model_validate(
+        {
+            "mechanism": name,
+            "epsilon": 4.0,
+            "sketch_width": QUERY_WIDTH,
+            "sketch_depth": QUERY_DEPTH,
+        }
+    )
+    mech = mechanism_for(spec)
+    stats = mech.aggregate(mech.encode(held.values(0, held.users), np.random.default_rng(seed)))
+    estimate = best_time(lambda: mech.estimate(stats, queries))
+    raw = utf8_values(queries)
+    hashing = best_time(lambda: mech.hash.fingerprints(raw))
+    table = np.asarray(mech.sketch_table(stats)[0], dtype=np.int32)  # n < 2^31
+    fingerprints = mech.hash.fingerprints(raw)
+    return estimate, hashing, best_time(lambda: mech.hash.row_sums(table, fingerprints))
+
+
+def best_time(work: Callable[[], object], passes: int = 2) -> float:
+    """The least wall-clock seconds ``work`` took over ``passes`` runs."""
+    best = math.inf
+    for _ in range(passes):
+        began = time.perf_counter()
+        work()
+        best = min(best, time.perf_counter() - began)
+    return best
+
+
+def gather_floor(count: int, depth: int, width: int, seed: int) -> float:
+    """Seconds numpy takes for ``depth`` x ``count`` gathers of int32 sketch cells and as
+    many adds, a row at a time in blocks of ``FLOOR_BLOCK`` candidates with their columns
+    given: what a query of ``count`` candidates costs at least, before hashing them and
+    computing their columns."""
+    rng = np.random.default_rng(seed)
+    table = rng.integers(0, 1 << 20, (depth, width)).astype(np.int32)
+    block = min(count, FLOOR_BLOCK)
+    columns = rng.integers(0, width, block)  # one block's columns, reused for every block
+    gathered, total = np.empty(block, dtype=np.int32), np.empty(block, dtype=np.int32)
+
+    def gather() -> None:
+        for start in range(0, count, block):
+            size = min(block, count - start)
+            total[:size] = 0
+            for row in table:
+                np.take(row, columns[:size], out=gathered[:size], mode="wrap")
+                np.add(total[:size], gathered[:size], out=total[:size])
+
+    return best_time(gather)
 
 
 def time_discovery(population: StringPopulation, settings: Settings) -> list[Timing]:

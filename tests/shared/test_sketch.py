@@ -3,9 +3,10 @@
 
 * Hashing: published test vectors, an independent bit-by-bit reference of the family (its
   row multipliers the distinct words of the SHAKE-256 stream, repeats skipped), the
-  field's modulus irreducible (Rabin's test), the row walk equal to direct evaluation, the
-  collision probability kappa exact, rows colliding pairwise independently, and the number
-  of rows pairs of strings share binomial, tail included (no twins beyond chance).
+  field's modulus irreducible (Rabin's test), the row walk and the row sums of a table (a
+  query) equal to direct evaluation for every lane layout, the collision probability
+  kappa exact, rows colliding pairwise independently, and the number of rows pairs of
+  strings share binomial, tail included (no twins beyond chance).
 * Privacy, exactly: for small (k, m) every report of every tuple of columns is enumerated
   as Fractions built from the realized 53-bit thresholds; the largest likelihood ratio is
   proven at most e^epsilon (``ratio_within_epsilon``, 60-digit exponentials) and lies
@@ -162,14 +163,25 @@ def test_row_multipliers_are_the_distinct_words_of_the_stream() -> None:
 
 @pytest.mark.parametrize(
     ("depth", "width"),
-    [(1, 2), (37, 5), (16, 1000), (9, 4096), (3, 3), (2, 1 << 22), (19, 256), (7, 1 << 16)],
+    [
+        (1, 2),
+        (37, 5),
+        (16, 1000),
+        (9, 4096),
+        (3, 3),
+        (2, 1 << 22),
+        (19, 256),
+        (7, 1 << 16),
+        (2, 1 << 31),
+    ],
 )
 def test_walk_and_positions_match_the_reference(
     depth: int, width: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Rows beyond m (k > m), odd and power-of-two widths, the largest width; lanes of 8, 16
-    and 32 bits, the last group of rows partly filled; the byte tables kept or built anew
-    on each walk, 8 rows at a time."""
+    """Rows beyond m (k > m), odd and power-of-two widths, the largest width (2^31, whose
+    31 bits leave no room for a lane index: all 32 kept and scaled); lanes of 8, 16 and 32
+    bits, the last group of rows partly filled; the byte tables kept or built anew on each
+    walk, 8 rows at a time rounded up to whole groups."""
     monkeypatch.setattr(hashing, "_TABLE_ROWS", 8)
     if depth == 19:
         monkeypatch.setattr(hashing, "_KEPT_TABLE_WORDS", 0)
@@ -181,6 +193,46 @@ def test_walk_and_positions_match_the_reference(
     for row in range(depth):
         rows = np.full(len(texts), row)
         np.testing.assert_array_equal(family.positions(fingerprints, rows), expected[row])
+
+
+@pytest.mark.parametrize(
+    ("depth", "width", "dtype"),
+    [
+        (19, 2, np.int32),
+        (5, 16, np.float64),
+        (37, 32, np.int32),
+        (9, 8192, np.int64),
+        (3, 1 << 14, np.float64),
+        (6, 1000, np.int32),
+        (4, 3, np.float64),
+    ],
+)
+def test_row_sums_match_the_reference(
+    depth: int, width: int, dtype: type, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sum_j table[j, h_j(s)] against the reference columns: lanes of 8 bits (m = 2, the
+    narrowest, and m = 16, the widest with room for a lane index among 16), of 16 bits
+    (m = 32 and 8192) and of 32 bits (m = 2^14), m not a power of two (all 32 bits kept
+    and scaled), the last group of rows partly filled, integer and real tables, several
+    blocks of strings and one partial (blocks of 4), tables kept or built anew."""
+    monkeypatch.setattr(hashing, "_SUM_BLOCK", 4)
+    if depth == 37:
+        monkeypatch.setattr(hashing, "_KEPT_TABLE_WORDS", 0)
+    texts = [f"t{i}" for i in range(13)] + ["", "naïve"]
+    family = SketchHash(depth, width)
+    rng = np.random.default_rng(depth * width)
+    table: np.ndarray = rng.integers(-1000, 1000, (depth, width)).astype(dtype)
+    if dtype is np.float64:
+        table += rng.random((depth, width))
+    expected = [
+        sum(table[row, column] for row, column in enumerate(reference_columns(t, depth, width)))
+        for t in texts
+    ]
+    sums = family.row_sums(table, family.fingerprints([t.encode() for t in texts]))
+    assert sums.dtype == (np.float64 if dtype is np.float64 else np.int64)
+    np.testing.assert_allclose(sums, expected, rtol=1e-12)
+    with pytest.raises(ValueError, match="table"):
+        family.row_sums(table[:, :1], family.fingerprints([b"x"]))
 
 
 def test_field_modulus_is_irreducible_and_multiplication_matches() -> None:
@@ -615,7 +667,7 @@ def test_aggregate_equals_a_direct_count(
 def test_queries_equal_direct_sums(name: str, width: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The blocked row walk against sum_j A[j, h_j(s)] from the reference columns, with
     blocks of 3 candidates (several blocks, one partial)."""
-    monkeypatch.setattr(sketch, "_QUERY_BLOCK", 3)
+    monkeypatch.setattr(hashing, "_SUM_BLOCK", 3)
     mech = build(name, 1.0, width, 6)
     rng = np.random.default_rng(43)
     statistics = mech.aggregate(mech.encode(["p", "q", "r", "p"] * 300, rng=rng))

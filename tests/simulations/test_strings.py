@@ -19,8 +19,11 @@ from simulations.strings import (
     CANDIDATE_COLUMNS,
     DEVICE_BLOCK,
     FOUND_COLUMNS,
+    MAX_UNIT_USERS,
     MECHANISMS,
+    MIN_UNIT_USERS,
     RESULT_COLUMNS,
+    UNIT_BYTES,
     WORD_COUNT,
     WORDS_FILE,
     Settings,
@@ -30,6 +33,7 @@ from simulations.strings import (
     read_strings,
     simulate,
     top_k_measures,
+    unit_users,
 )
 
 WORDS = read_strings(WORDS_FILE)
@@ -184,6 +188,17 @@ def test_population_counts_are_exact_and_every_block_representative() -> None:
         assert np.abs(block - counts * (stop - start) / n).max() < math.log2(n)
     assert population.values(5, 8) == [WORDS[i] for i in population.held(5, 8)]
     assert list(population.ranking[:3]) == [0, 1, 2]
+
+
+def test_work_units_hold_a_bounded_volume_of_reports() -> None:
+    """Users per unit of the exact path: as many 24-byte-plus-bit-vector reports as fit
+    ``UNIT_BYTES``, between the bounds."""
+    settings = Settings(sketch_width=1024, sketch_depth=64, max_length=6)
+    assert unit_users(make_spec("pem", 4.0, settings)) == MAX_UNIT_USERS
+    assert unit_users(make_spec("cms", 4.0, settings)) == UNIT_BYTES // (24 + 128)
+    wide = Settings(sketch_width=1 << 22, sketch_depth=1, max_length=6)
+    assert unit_users(make_spec("cms", 4.0, wide)) == MIN_UNIT_USERS
+    assert unit_users(make_spec("rappor", 4.0, settings)) == MAX_UNIT_USERS  # 40 bytes
 
 
 def test_the_seed_moves_users_not_counts() -> None:
