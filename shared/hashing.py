@@ -80,13 +80,19 @@ columns row by row; ``row_sums`` adds up a table's entries at every row's column
 (sum_j A[j, h_j(s)], a sketch query): with the lane index l folded in above the column,
 each group's lanes index the group's rows laid end to end (l m + h_j(s)) directly, so a
 group costs those four gathers, one conversion, one gather and one add per string.
+Blocks of strings are independent, so ``row_sums`` sums them on up to ``SKETCH_THREADS``
+threads at once: numpy releases the GIL inside these gathers, XORs and adds. The SHA-256
+fingerprints stay on the calling thread (``hashlib`` keeps the GIL for inputs this short);
+``query_sums`` hashes the next block there while the threads sum the blocks before it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 from functools import cached_property
 
@@ -96,6 +102,7 @@ __all__ = [
     "GF32_REDUCTION",
     "MAX_SKETCH_DEPTH",
     "SKETCH_LABEL",
+    "SKETCH_THREADS",
     "SketchHash",
     "gf32_multiply",
     "keyed_digest",
@@ -124,6 +131,9 @@ _ENTRY = np.dtype("V16")
 #: Strings whose row sums ``SketchHash.row_sums`` computes together (their indices, lanes
 #: and partial sums take about 6 MiB).
 _SUM_BLOCK = 1 << 15
+#: Threads ``SketchHash.row_sums`` sums blocks of strings on unless told otherwise: one per
+#: core, at most 8 (each holds a block's arrays, about 6 MiB).
+SKETCH_THREADS: int = min(os.cpu_count() or 1, 8)
 
 
 def rappor_bloom_digests(pairs: Iterable[tuple[int, bytes]]) -> bytes:
@@ -269,7 +279,9 @@ class SketchHash:
                 yield columns[lane]
             row += self.lanes
 
-    def row_sums(self, table: np.ndarray, fingerprints: np.ndarray) -> np.ndarray:
+    def row_sums(
+        self, table: np.ndarray, fingerprints: np.ndarray, threads: int | None = None
+    ) -> np.ndarray:
         """sum_j table[j, h_j(s)] for each fingerprint: int64 for an integer ``table``
         (k, m), float64 for a real one.
 
@@ -277,34 +289,92 @@ class SketchHash:
         sum_j max_c |table[j, c]| (a sketch of n reports in int32 for n < 2^31). In blocks
         of ``_SUM_BLOCK`` strings, a group of rows at a time (module docstring,
         "Evaluating all rows").
+
+        Blocks are independent, so up to ``threads`` of them (``None``: ``SKETCH_THREADS``)
+        are summed at once on a thread pool made for the call. Threads help because the
+        work is numpy's gathers (``np.take``), XORs and adds on arrays of a block, and
+        numpy releases the GIL inside each of them: with a block's arrays thousands of
+        strings long, the threads spend almost all their time outside the GIL. Every block
+        runs the same operations in the same order whichever thread runs it, so the
+        result is bitwise the same for any number of threads.
         """
+        blocks = (
+            (start, fingerprints[start : start + _SUM_BLOCK])
+            for start in range(0, fingerprints.shape[0], _SUM_BLOCK)
+        )
+        return self._sums(table, blocks, fingerprints.shape[0], threads)
+
+    def query_sums(
+        self, table: np.ndarray, values: Sequence[bytes], threads: int | None = None
+    ) -> np.ndarray:
+        """``row_sums(table, fingerprints(values), threads)``, bitwise, with the hashing
+        overlapped: each block of strings is hashed on the calling thread while the pool
+        sums the blocks hashed before it. SHA-256 of short strings keeps the GIL, so the
+        hashing runs alongside the other threads' numpy work, not alongside more hashing."""
+        blocks = (
+            (start, self.fingerprints(values[start : start + _SUM_BLOCK]))
+            for start in range(0, len(values), _SUM_BLOCK)
+        )
+        return self._sums(table, blocks, len(values), threads)
+
+    def _sums(
+        self,
+        table: np.ndarray,
+        blocks: Iterator[tuple[int, np.ndarray]],
+        count: int,
+        threads: int | None,
+    ) -> np.ndarray:
+        """The row sums of ``count`` strings given as (first position, fingerprints) blocks
+        of ``_SUM_BLOCK`` (``row_sums``), on up to ``threads`` threads."""
         if table.shape != (self.depth, self.width):
             raise ValueError(
                 f"a table of this family is ({self.depth}, {self.width}), got {table.shape}"
             )
+        if threads is None:
+            threads = SKETCH_THREADS
+        if isinstance(threads, bool) or not isinstance(threads, int):
+            raise TypeError(f"threads must be an int, got {type(threads).__name__}")
+        if threads < 1:
+            raise ValueError(f"threads must be at least 1, got {threads}")
         groups = -(-self.depth // self.lanes)
         laid = np.zeros((groups * self.lanes, self.width), dtype=table.dtype)
         laid[: self.depth] = table  # the last group's missing rows add zeros
         laid = laid.reshape(groups, self.lanes * self.width)  # a group's rows end to end
         total_type = np.float64 if table.dtype.kind == "f" else np.int64
-        out = np.empty(fingerprints.shape[0], dtype=total_type)
-        starts = np.arange(self.lanes) * self.width
-        indexed = self.kept_bits < 32
-        for start in range(0, fingerprints.shape[0], _SUM_BLOCK):
-            block = fingerprints[start : start + _SUM_BLOCK]
-            index = np.empty((block.shape[0], self.lanes), dtype=np.int64)
-            gathered = np.empty(index.shape, dtype=table.dtype)
-            sums = np.zeros(index.shape, dtype=table.dtype)
-            for rows, lanes in zip(laid, self._group_lanes(block, indexed), strict=True):
-                np.copyto(index, lanes)
-                if not indexed:  # all of x_j: scaled to a column, then the row's start
-                    index *= self.width
-                    index >>= 32
-                    index += starts
-                np.take(rows, index, out=gathered, mode="wrap")  # in range: never wraps
-                sums += gathered
-            out[start : start + block.shape[0]] = sums.sum(axis=1, dtype=total_type)
+        out = np.empty(count, dtype=total_type)
+
+        def sum_block(start: int, block: np.ndarray) -> None:
+            out[start : start + block.shape[0]] = self._block_sums(laid, block, total_type)
+
+        workers = min(threads, -(-count // _SUM_BLOCK))
+        if workers <= 1:
+            for start, block in blocks:
+                sum_block(start, block)
+            return out
+        _ = self._kept_tables  # built once here, not raced for by the workers
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            pending = [pool.submit(sum_block, start, block) for start, block in blocks]
+            for done in pending:
+                done.result()  # re-raises a worker's error
         return out
+
+    def _block_sums(self, laid: np.ndarray, block: np.ndarray, total_type: type) -> np.ndarray:
+        """The row sums of one block of fingerprints: ``laid`` holds each group's rows of the
+        table end to end, so a lane (row r of the group, column c) indexes r m + c."""
+        index = np.empty((block.shape[0], self.lanes), dtype=np.int64)
+        gathered = np.empty(index.shape, dtype=laid.dtype)
+        sums = np.zeros(index.shape, dtype=laid.dtype)
+        indexed = self.kept_bits < 32
+        row_starts = np.arange(self.lanes) * self.width
+        for rows, lanes in zip(laid, self._group_lanes(block, indexed), strict=True):
+            np.copyto(index, lanes)
+            if not indexed:  # all of x_j: scaled to a column, then the row's start
+                index *= self.width
+                index >>= 32
+                index += row_starts
+            np.take(rows, index, out=gathered, mode="wrap")  # in range: never wraps
+            sums += gathered
+        return sums.sum(axis=1, dtype=total_type)
 
     def _group_lanes(self, fingerprints: np.ndarray, indexed: bool) -> Iterator[np.ndarray]:
         """Each group's (n, lanes) lanes in order: lane r of string i holds the kept top bits

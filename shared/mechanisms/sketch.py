@@ -91,8 +91,11 @@ F = 0: a string no device holds, among many small ones.
 
 Queries. Z(s) for a batch of candidates costs one SHA-256 per candidate, then per group
 of 8 rows (m <= 8192) four gathers and four XORs of byte tables, and per row one gather
-and one add per candidate on an integer table (``SketchHash.row_sums``; int32 when
-n < 2^31: |sum_j table[j, c_j]| <= sum_j R_j = n), in blocks of candidates.
+and one add per candidate on an integer table (``SketchHash.query_sums``; int32 when
+n < 2^31: |sum_j table[j, c_j]| <= sum_j R_j = n), in blocks of candidates: each block
+hashed on the calling thread while up to ``shared.hashing.SKETCH_THREADS`` threads sum
+the blocks hashed before (numpy releases the GIL in the gathers and adds; the result
+does not depend on the number of threads).
 
 Simulation (``simulate_statistics(strings, counts, rng)``, seeded generators only): exact
 in law, each distinct string hashed once, then ``simulate_fingerprints(fingerprints,
@@ -251,20 +254,19 @@ class SketchMechanism(OpenStringMechanism, Mechanism[CountStatistics, Estimate])
         if stats.n <= 0:
             raise ValueError("cannot estimate from zero reports")
         n = stats.n
-        fingerprints = self.hash.fingerprints(utf8_values(candidates))
         table, scale, offsets = self.sketch_table(stats)
-        sums = scale * self._row_sums(table, fingerprints, n) + float(offsets.sum())
+        sums = scale * self._query_sums(table, utf8_values(candidates), n) + float(offsets.sum())
         frequencies = (sums / n - self.kappa) / (1.0 - self.kappa)
         at = np.clip(frequencies, 0.0, 1.0)
         others = np.clip(self._second_moment(table, scale, offsets, n) - at**2, 0.0, (1 - at) ** 2)
         std = np.sqrt(self.frequency_variance(n, at, others))
         return Estimate(frequencies, std, n)
 
-    def _row_sums(self, table: np.ndarray, fingerprints: np.ndarray, n: int) -> np.ndarray:
-        """sum_j table[j, h_j(s)] for every fingerprint (int64), summed in int32 when
+    def _query_sums(self, table: np.ndarray, values: list[bytes], n: int) -> np.ndarray:
+        """sum_j table[j, h_j(s)] for every UTF-8 string (int64), summed in int32 when
         n < 2^31 (|sum_j table[j, c_j]| <= sum_j R_j = n)."""
         dtype = np.int32 if n < 2**31 else np.int64
-        return self.hash.row_sums(np.asarray(table, dtype=dtype), fingerprints)
+        return self.hash.query_sums(np.asarray(table, dtype=dtype), values)
 
     def second_moment(self, stats: CountStatistics) -> float:
         """F2^, unbiased for sum_u f_u^2 over all strings (module docstring, "Plug-in")."""

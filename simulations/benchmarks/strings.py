@@ -33,8 +33,9 @@ sketch on both sides.
    sketch of depth ``QUERY_DEPTH`` and width ``QUERY_WIDTH``, with the time of its parts
    (hashing the candidates, SHA-256 each; the row sums, ``SketchHash.row_sums``) and of
    the floor of any numpy query (``gather_floor``: one gather and one add per candidate
-   and row, the columns given); pure-ldp's time for the same is extrapolated from
-   ``PEER_QUERIES`` queries (one Python call each).
+   and row, the columns given, on one thread), on ``shared.hashing.SKETCH_THREADS``
+   threads (the default) and on one, side by side; pure-ldp's time for the same is
+   extrapolated from ``PEER_QUERIES`` queries (one Python call each).
 3. Discovery at scale: pem and sfp over ``--discovery-n`` users (statistics drawn from
    their law where the mechanism can, else every user encoded), the heavy-hitter search
    timed on its own.
@@ -54,7 +55,7 @@ exit status 1): every mechanism of ours runs, and the candidates' MSE of each sk
 discovery mechanism is consistent with the variance it states (``mse_verdict``).
 
 pure-ldp is the optional ``bench`` extra; without it the peer columns are skipped with a
-message.
+message. ``--parts`` runs some of the three parts only (``--parts queries``: part 2).
 """
 
 from __future__ import annotations
@@ -62,17 +63,20 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import math
+import os
 import random
 import sys
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from shared import hashing
 from shared.mechanisms.strings import utf8_values
 from shared.schemas import MechanismSpec
 from simulations import report
@@ -115,6 +119,7 @@ SPEED_REPEATS = 3
 COUNTERPARTS = {"cms": "CMS", "hcms": "HCMS", "pem": "PEM", "sfp": "SFP"}
 PEER_ORACLES = ("CMS", "HCMS")
 PEER_DISCOVERY = ("PEM", "SFP", "TreeHist")
+PARTS = ("accuracy", "queries", "discovery")
 
 FULL = {
     "n": 10**6,
@@ -351,20 +356,25 @@ class Timing:
 
 
 def time_queries(count: int, peer: Any, seed: int) -> list[Timing]:
-    """``count`` distinct candidates estimated against a QUERY_DEPTH x QUERY_WIDTH sketch,
-    with where the time goes: hashing the candidates, the row sums, and the floor of any
-    numpy query that gathers and adds one sketch cell per candidate and row (``floor``)."""
+    """``count`` distinct candidates estimated against a QUERY_DEPTH x QUERY_WIDTH sketch on
+    ``SKETCH_THREADS`` threads, with where the time goes: hashing the candidates, the row
+    sums, the same on one thread, and the floor of any numpy query that gathers and adds
+    one sketch cell per candidate and row (``floor``)."""
     queries = [f"q{i:08d}" for i in range(count)]
     held = StringPopulation(tuple(queries[:1000]), parse_categorical_shape(SHAPE), 10_000, seed)
     floor = gather_floor(count, QUERY_DEPTH, QUERY_WIDTH, seed)
+    threads = hashing.SKETCH_THREADS
     timings = []
     for name in ("cms", "hcms"):
         timing = Timing(name, math.nan, QUERY_TARGET_SECONDS, counted(count, "query", "queries"))
         try:
-            timing.seconds, hashing, sums = query_seconds(name, queries, held, seed)
+            hashed, timed = query_seconds(name, queries, held, seed, (threads, 1))
+            (timing.seconds, sums), (single, single_sums) = timed[threads], timed[1]
             timing.detail += (
-                f": hashing {hashing:.2f} s, row sums {sums:.2f} s; the "
-                f"{QUERY_DEPTH * count:.1e} gathers and adds alone take {floor:.2f} s here"
+                f" on {counted(threads, 'thread')}: hashing {hashed:.2f} s and row sums "
+                f"{sums:.2f} s, overlapped; on 1 thread {single:.2f} s (row sums "
+                f"{single_sums:.2f} s, {single / timing.seconds:.2f}x); the "
+                f"{QUERY_DEPTH * count:.1e} gathers and adds alone take {floor:.2f} s on 1 thread"
             )
         except Exception as error:  # noqa: BLE001 - report the mechanism and carry on
             timing.error = f"{type(error).__name__}: {error}"
@@ -384,9 +394,10 @@ def time_queries(count: int, peer: Any, seed: int) -> list[Timing]:
 
 
 def query_seconds(
-    name: str, queries: list[str], held: StringPopulation, seed: int
-) -> tuple[float, float, float]:
-    """(estimate, hashing, row sums) seconds of ``queries`` against a sketch of ``held``."""
+    name: str, queries: list[str], held: StringPopulation, seed: int, thread_counts: Sequence[int]
+) -> tuple[float, dict[int, tuple[float, float]]]:
+    """(hashing, {threads: (estimate, row sums)}) seconds of ``queries`` against a sketch of
+    ``held``, the estimate and the row sums on each of ``thread_counts`` threads."""
     spec = MechanismSpec.model_validate(
         {
             "mechanism": name,
@@ -397,12 +408,30 @@ def query_seconds(
     )
     mech = mechanism_for(spec)
     stats = mech.aggregate(mech.encode(held.values(0, held.users), np.random.default_rng(seed)))
-    estimate = best_time(lambda: mech.estimate(stats, queries))
     raw = utf8_values(queries)
-    hashing = best_time(lambda: mech.hash.fingerprints(raw))
+    hashed = best_time(lambda: mech.hash.fingerprints(raw))
     table = np.asarray(mech.sketch_table(stats)[0], dtype=np.int32)  # n < 2^31
     fingerprints = mech.hash.fingerprints(raw)
-    return estimate, hashing, best_time(lambda: mech.hash.row_sums(table, fingerprints))
+    timed = {}
+    for threads in thread_counts:
+        with sketch_threads(threads):
+            timed[threads] = (
+                best_time(lambda: mech.estimate(stats, queries)),
+                best_time(lambda: mech.hash.row_sums(table, fingerprints)),
+            )
+    return hashed, timed
+
+
+@contextmanager
+def sketch_threads(count: int) -> Iterator[None]:
+    """Sketch queries summed on ``count`` threads inside (``shared.hashing.SKETCH_THREADS``,
+    which the estimates read)."""
+    saved = hashing.SKETCH_THREADS
+    hashing.SKETCH_THREADS = count
+    try:
+        yield
+    finally:
+        hashing.SKETCH_THREADS = saved
 
 
 def best_time(work: Callable[[], object], passes: int = 2) -> float:
@@ -603,6 +632,17 @@ def number(text: str) -> int:
     return int(float(text))
 
 
+def _parts(text: str) -> list[str]:
+    """A comma-separated selection of ``PARTS``."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown or not parts:
+        raise argparse.ArgumentTypeError(
+            f"parts are a comma-separated selection of {', '.join(PARTS)}, got {text!r}"
+        )
+    return parts
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m simulations.benchmarks.strings",
@@ -622,6 +662,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=20240601, help="seed of data and noise")
     parser.add_argument("--output", type=Path, help="write every part's results to this JSON file")
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
+    parser.add_argument(
+        "--parts",
+        type=_parts,
+        default=list(PARTS),
+        help=f"parts to run, comma-separated from {','.join(PARTS)} (all)",
+    )
     args = parser.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
@@ -645,35 +691,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     if peer is None and not args.no_peers:
         print("  peer columns skipped: install the bench extra, pip install -e '.[bench]'")
 
-    print(
-        f"\n1. accuracy and speed over {counted(args.n, 'user')} (x = our rate / pure-ldp's "
-        f"counterpart's, target {SPEED_TARGET:g})"
-    )
-    sys.stdout.flush()
-    rows = our_rows(population, args.epsilons, settings)
-    if peer is not None:
-        rows += [
-            run_peer(peer, name, epsilon, population, args.seed)
-            for name in PEER_ORACLES + PEER_DISCOVERY
-            for epsilon in args.epsilons
-        ]
-    rows.sort(key=lambda r: (r.epsilon, r.library != "ours"))
-    print("\n".join(accuracy_lines(rows)))
-    sys.stdout.flush()
-
-    queries = time_queries(args.queries, peer, args.seed)
-    print(
-        "\n"
-        + "\n".join(
-            timing_lines(
-                f"2. candidate queries against a {QUERY_DEPTH} x {QUERY_WIDTH} sketch:", queries
-            )
+    rows: list[Row] = []
+    if "accuracy" in args.parts:
+        print(
+            f"\n1. accuracy and speed over {counted(args.n, 'user')} (x = our rate / "
+            f"pure-ldp's counterpart's, target {SPEED_TARGET:g})"
         )
-    )
-    sys.stdout.flush()
-    large = replace(population, users=args.discovery_n)
-    discovery = time_discovery(large, settings)
-    print("\n" + "\n".join(timing_lines("3. discovery (the search alone):", discovery)))
+        sys.stdout.flush()
+        rows = our_rows(population, args.epsilons, settings)
+        if peer is not None:
+            rows += [
+                run_peer(peer, name, epsilon, population, args.seed)
+                for name in PEER_ORACLES + PEER_DISCOVERY
+                for epsilon in args.epsilons
+            ]
+        rows.sort(key=lambda r: (r.epsilon, r.library != "ours"))
+        print("\n".join(accuracy_lines(rows)))
+        sys.stdout.flush()
+
+    queries: list[Timing] = []
+    if "queries" in args.parts:
+        queries = time_queries(args.queries, peer, args.seed)
+        title = (
+            f"2. candidate queries against a {QUERY_DEPTH} x {QUERY_WIDTH} sketch "
+            f"({counted(hashing.SKETCH_THREADS, 'thread')}, {os.cpu_count()} cores):"
+        )
+        print("\n" + "\n".join(timing_lines(title, queries)))
+        sys.stdout.flush()
+    discovery: list[Timing] = []
+    if "discovery" in args.parts:
+        large = replace(population, users=args.discovery_n)
+        discovery = time_discovery(large, settings)
+        print("\n" + "\n".join(timing_lines("3. discovery (the search alone):", discovery)))
 
     failures, misses = checks(rows, queries + discovery, peer is not None)
     print(f"\nfinished in {time.perf_counter() - started:.0f} s")

@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import itertools
 import math
+import threading
 from decimal import Context, Decimal, localcontext
 from fractions import Fraction
 from itertools import product
@@ -684,6 +686,87 @@ def test_queries_equal_direct_sums(name: str, width: int, monkeypatch: pytest.Mo
     expected = (direct / statistics.n - kappa) / (1 - kappa)
     estimate = mech.estimate(statistics, candidates)
     np.testing.assert_allclose(estimate.frequencies, expected, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize(("name", "width"), [("cms", 1000), ("hcms", 1024)])
+@pytest.mark.parametrize("count", [0, 1, 4, 13])
+def test_threaded_queries_are_bitwise_the_single_threaded_ones(
+    name: str, width: int, count: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Estimates, row sums (integer and real tables) and query sums (hashing overlapped)
+    with blocks of 4 candidates on 3 threads equal those on one thread bit for bit, and
+    query sums equal row sums: no candidates, one, exactly one block, and 13 (three blocks
+    and a partial one, more blocks than threads); widths with all 32 bits kept (m = 1000)
+    and with indexed lanes (m = 1024)."""
+    monkeypatch.setattr(hashing, "_SUM_BLOCK", 4)
+    mech = build(name, 1.0, width, 11)
+    statistics = mech.aggregate(
+        mech.encode(["p", "q", "r", "p"] * 50, rng=np.random.default_rng(5))
+    )
+    candidates = ["p", "q", "", "naïve"] + [f"c{i}" for i in range(9)]
+    candidates = candidates[:count]
+    raw = [c.encode() for c in candidates]
+    fingerprints = mech.hash.fingerprints(raw)
+    table = mech.sketch_table(statistics)[0]
+    real = np.random.default_rng(7).standard_normal(table.shape)
+    results = {}
+    for threads in (1, 3):
+        monkeypatch.setattr(hashing, "SKETCH_THREADS", threads)
+        estimate = mech.estimate(statistics, candidates)
+        results[threads] = (
+            estimate.frequencies,
+            estimate.std,
+            mech.hash.row_sums(table, fingerprints),
+            mech.hash.row_sums(real, fingerprints, threads=threads),
+            mech.hash.query_sums(real, raw, threads=threads),
+        )
+    for single, threaded in zip(results[1], results[3], strict=True):
+        assert single.shape == (count,)
+        assert single.dtype == threaded.dtype
+        assert single.tobytes() == threaded.tobytes()
+    assert results[1][3].tobytes() == results[1][4].tobytes()
+
+
+def test_row_sums_run_blocks_on_several_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With 2 threads, two blocks are summed at the same time: each of the first two waits
+    at a barrier for the other (a serial run would time out there), and the sums still
+    equal the single-threaded ones."""
+    monkeypatch.setattr(hashing, "_SUM_BLOCK", 4)
+    family = SketchHash(5, 64)
+    table = np.arange(5 * 64, dtype=np.int64).reshape(5, 64)
+    fingerprints = family.fingerprints([f"s{i}".encode() for i in range(10)])
+    expected = family.row_sums(table, fingerprints, threads=1)
+    barrier = threading.Barrier(2, timeout=10)
+    calls = itertools.count()
+    idents: set[int] = set()
+    block_sums = SketchHash._block_sums
+
+    def meeting(self: SketchHash, *args: Any) -> np.ndarray:
+        idents.add(threading.get_ident())
+        if next(calls) < 2:  # the first two blocks meet
+            barrier.wait()
+        return block_sums(self, *args)
+
+    monkeypatch.setattr(SketchHash, "_block_sums", meeting)
+    np.testing.assert_array_equal(family.row_sums(table, fingerprints, threads=2), expected)
+    assert len(idents) == 2
+
+
+@pytest.mark.parametrize(
+    ("threads", "error", "message"),
+    [
+        (0, ValueError, "at least 1"),
+        (-2, ValueError, "at least 1"),
+        (2.0, TypeError, "int"),
+        (True, TypeError, "int"),
+    ],
+)
+def test_sums_refuse_bad_thread_counts(threads: Any, error: type, message: str) -> None:
+    family = SketchHash(3, 16)
+    with pytest.raises(error, match=message):
+        family.row_sums(np.zeros((3, 16)), family.fingerprints([b"x"]), threads=threads)
+    with pytest.raises(error, match=message):
+        family.query_sums(np.zeros((3, 16)), [b"x"], threads=threads)
 
 
 @pytest.mark.parametrize("name", ["cms", "hcms"])
