@@ -6,7 +6,6 @@ What they run and write is told to users in their ``--help`` (``SWEEP_DETAILS``)
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -15,6 +14,7 @@ from pydantic import ValidationError
 
 from shared.schemas import CATEGORICAL_MECHANISMS, MEMOIZED_MECHANISMS, NUMERIC_MECHANISMS
 from simulations import accuracy, report
+from simulations.arguments import positive_float, positive_int
 from simulations.populations import parse_categorical_shape, parse_numeric_shape
 from simulations.text import HelpFormatter, counted
 
@@ -67,32 +67,18 @@ def _list_of(kind: Callable[[str], T], what: str) -> Callable[[str], list[T]]:
     return parse
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{text!r} is not a number > 0")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text.replace("_", ""))
-    if value < 1:
-        raise ValueError(f"{text!r} is not an integer >= 1")
-    return value
-
-
 def _users(text: str) -> int:
     """An integer, also written as 1e9 or 10**9."""
     cleaned = text.replace("_", "")
     if "**" in cleaned:
         base, _, exponent = cleaned.partition("**")
-        return _positive_int(str(int(base) ** int(exponent)))
+        return positive_int(str(int(base) ** int(exponent)))
     if "e" in cleaned.lower():
         value = float(cleaned)
         if value != int(value):
             raise ValueError(f"{text!r} is not a whole number of users")
-        return _positive_int(str(int(value)))
-    return _positive_int(cleaned)
+        return positive_int(str(int(value)))
+    return positive_int(cleaned)
 
 
 def _mechanisms(allowed: frozenset[str] | set[str]) -> Callable[[str], str]:
@@ -108,7 +94,7 @@ def _mechanisms(allowed: frozenset[str] | set[str]) -> Callable[[str], str]:
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--epsilons",
-        type=_list_of(_positive_float, "epsilons"),
+        type=_list_of(positive_float, "epsilons"),
         default=[0.5, 1.0, 2.0, 4.0],
         help="privacy budgets, comma-separated",
     )
@@ -118,7 +104,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
         default=[1_000_000],
         help="numbers of users n, comma-separated, e.g. 1000000,1e9",
     )
-    parser.add_argument("--reps", type=_positive_int, default=10, help="repetitions per cell")
+    parser.add_argument("--reps", type=positive_int, default=10, help="repetitions per cell")
     parser.add_argument(
         "--path",
         choices=["exact", "fast"],
@@ -130,7 +116,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--out", type=Path, metavar="DIR", help="directory for results.csv, results.json, plots"
     )
     parser.add_argument(
-        "--workers", type=_positive_int, default=1, help="local Dask workers (1: in-process)"
+        "--workers", type=positive_int, default=1, help="local Dask workers (1: in-process)"
     )
     parser.add_argument(
         "--scheduler", help="address of an existing Dask scheduler, tcp://HOST:PORT"
@@ -157,7 +143,7 @@ def register(subparsers: Any) -> None:
     )
     frequency.add_argument(
         "--domain-sizes",
-        type=_list_of(_positive_int, "domain sizes"),
+        type=_list_of(positive_int, "domain sizes"),
         default=[16, 1024],
         help="numbers of categories d, comma-separated",
     )

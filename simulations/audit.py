@@ -27,7 +27,8 @@ from shared.federated.privacy import PRIVACY_MODES
 from shared.mechanisms import MECHANISMS, make_mechanism
 from shared.schemas import MetricSpec
 from simulations import report
-from simulations.accuracy_commands import _list_of, _mechanisms, _positive_float, _positive_int
+from simulations.accuracy_commands import _list_of, _mechanisms
+from simulations.arguments import checked, positive_float, positive_int
 from simulations.audit_attacks import DEFAULT_LIFETIME_REPORTS, attacks_for
 from simulations.audit_metric import audit_metric, metric_for, sweep_spec
 from simulations.audit_training import audit_many_runs, audit_one_run, dataset_round
@@ -116,18 +117,6 @@ def _probability(text: str) -> float:
     return value
 
 
-def _checked(kind: Callable[[str], Any]) -> Callable[[str], Any]:
-    """``kind`` as an argparse type whose ValueError becomes a usage error."""
-
-    def parse(text: str) -> Any:
-        try:
-            return kind(text)
-        except ValueError as error:
-            raise argparse.ArgumentTypeError(str(error)) from None
-
-    return parse
-
-
 def register(subparsers: Any) -> None:
     """Add the ``audit`` command and its ``metric`` and ``training`` subcommands."""
     parser = subparsers.add_parser(
@@ -145,7 +134,7 @@ def register(subparsers: Any) -> None:
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--alpha", type=_checked(_probability), default=0.05,
+        "--alpha", type=checked(_probability), default=0.05,
         help="a run over code that keeps its promises reports a violation with probability "
         "at most this (each of k audits at alpha / k)",
     )  # fmt: skip
@@ -178,26 +167,26 @@ def _register_metric(commands: Any) -> None:
         "auto)",
     )  # fmt: skip
     parser.add_argument(
-        "--epsilons", type=_list_of(_positive_float, "epsilons"), default=[0.5, 1.0, 2.0, 4.0],
+        "--epsilons", type=_list_of(positive_float, "epsilons"), default=[0.5, 1.0, 2.0, 4.0],
         help="sweep: epsilons, comma-separated",
     )  # fmt: skip
     parser.add_argument(
-        "--domain-size", type=_checked(_positive_int), default=8, help="sweep: categories d"
+        "--domain-size", type=checked(positive_int), default=8, help="sweep: categories d"
     )
     parser.add_argument(
-        "--trials", type=_checked(_positive_int),
+        "--trials", type=checked(positive_int),
         help="trials per input (default: sized for --target)",
     )  # fmt: skip
     parser.add_argument(
-        "--target", type=_checked(_probability), default=0.9,
+        "--target", type=checked(_probability), default=0.9,
         help="without --trials: the share of each event's epsilon to reach at the median",
     )  # fmt: skip
     parser.add_argument(
-        "--max-trials", type=_checked(_positive_int), default=1_000_000,
+        "--max-trials", type=checked(positive_int), default=1_000_000,
         help="without --trials: at most this many per input",
     )  # fmt: skip
     parser.add_argument(
-        "--lifetime-reports", type=_checked(_positive_int), default=DEFAULT_LIFETIME_REPORTS,
+        "--lifetime-reports", type=checked(positive_int), default=DEFAULT_LIFETIME_REPORTS,
         help="reports of one device decoded in the lifetime audit",
     )  # fmt: skip
     parser.add_argument(
@@ -221,7 +210,7 @@ def _register_training(commands: Any) -> None:
         help=f"comma-separated, from {','.join(TRAINING_MODES)}",
     )  # fmt: skip
     parser.add_argument(
-        "--epsilons", type=_list_of(_positive_float, "epsilons"), default=[1.0, 2.0, 4.0],
+        "--epsilons", type=_list_of(positive_float, "epsilons"), default=[1.0, 2.0, 4.0],
         help="the task's target epsilon for its one round, comma-separated",
     )  # fmt: skip
     parser.add_argument(
@@ -229,41 +218,41 @@ def _register_training(commands: Any) -> None:
         help="the classic audit over many rounds, the one-run audit, or both",
     )  # fmt: skip
     parser.add_argument(
-        "--trials", type=_checked(_positive_int), default=4000,
+        "--trials", type=checked(positive_int), default=4000,
         help="many runs: audited rounds with the canary, and as many without",
     )  # fmt: skip
     parser.add_argument(
-        "--calibration", type=_checked(_positive_int), default=2000,
+        "--calibration", type=checked(positive_int), default=2000,
         help="many runs: further rounds of each that choose the threshold",
     )  # fmt: skip
     parser.add_argument(
-        "--canaries", type=_checked(_positive_int), default=500,
+        "--canaries", type=checked(positive_int), default=500,
         help="one run: canaries (at most the model's parameters)",
     )  # fmt: skip
     parser.add_argument(
-        "--guesses", type=_checked(_positive_int), default=50,
+        "--guesses", type=checked(positive_int), default=50,
         help="one run: guesses at each end of the scores",
     )  # fmt: skip
     parser.add_argument("--dataset", choices=DATASETS, default="digits", help="the clients' data")
     parser.add_argument(
-        "--clients", type=_checked(_positive_int), default=10,
+        "--clients", type=checked(positive_int), default=10,
         help="the round's other clients (silo: the silos, the audited one holding the first "
         "share)",
     )  # fmt: skip
     parser.add_argument(
-        "--participation", type=_checked(_probability_or_one), default=1.0,
+        "--participation", type=checked(_probability_or_one), default=1.0,
         help="the task's sampling rate q (silo: of each DP-SGD step's records)",
     )  # fmt: skip
     parser.add_argument(
-        "--steps", type=_checked(_positive_int), default=1,
+        "--steps", type=checked(positive_int), default=1,
         help="silo: the audited silo's DP-SGD steps in the round",
     )  # fmt: skip
     parser.add_argument(
-        "--clip-norm", type=_checked(_positive_float), default=1.0,
+        "--clip-norm", type=checked(positive_float), default=1.0,
         help="the task's clip norm C (silo: of each record's gradient)",
     )  # fmt: skip
     parser.add_argument(
-        "--delta", type=_checked(_probability), default=1e-5, help="the task's delta"
+        "--delta", type=checked(_probability), default=1e-5, help="the task's delta"
     )
     _common(parser)
     parser.set_defaults(run=_run_training, command_parser=parser)

@@ -41,6 +41,7 @@ from shared.accounting import AccountingMethod
 from shared.federated.dpsgd import DPSGD, dpsgd_train
 from shared.federated.models import ModelSpec, accuracy, make_model
 from simulations import report
+from simulations.arguments import checked, positive_float, positive_int
 from simulations.federated import (
     comma_list,
     epsilon_argument,
@@ -208,20 +209,6 @@ def run_dpsgd(
 # --- command line ------------------------------------------------------------------------
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= 1")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number > 0")
-    return value
-
-
 DESCRIPTION = """\
 DP-SGD (Abadi et al. 2016) on one dataset: the test accuracy of a model trained with
 record-level differential privacy, against the target epsilon, beside the non-private
@@ -264,18 +251,24 @@ def register(subparsers: Any) -> None:
         help="target epsilons, comma-separated; inf: clipping without noise",
     )  # fmt: skip
     parser.add_argument("--delta", type=float, default=1e-5, help="the delta of (epsilon, delta)")
-    parser.add_argument("--epochs", type=_positive_int, help="epochs (default: per dataset)")
     parser.add_argument(
-        "--batch-size", type=_positive_int, help="expected batch size B (default: per dataset)"
+        "--epochs", type=checked(positive_int), help="epochs (default: per dataset)"
     )
     parser.add_argument(
-        "--learning-rate", type=_positive_float, help="step size (default: per dataset)"
+        "--batch-size",
+        type=checked(positive_int),
+        help="expected batch size B (default: per dataset)",
     )
     parser.add_argument(
-        "--clip-norm", type=_positive_float, help="per-record clip norm C (default: per dataset)"
+        "--learning-rate", type=checked(positive_float), help="step size (default: per dataset)"
     )
     parser.add_argument(
-        "--records", type=_positive_int, default=SYNTHETIC_RECORDS,
+        "--clip-norm",
+        type=checked(positive_float),
+        help="per-record clip norm C (default: per dataset)",
+    )
+    parser.add_argument(
+        "--records", type=checked(positive_int), default=SYNTHETIC_RECORDS,
         help="training records of the synthetic dataset",
     )  # fmt: skip
     parser.add_argument(

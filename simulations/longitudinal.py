@@ -84,14 +84,8 @@ from shared.memo import Memo, SimulatedMemo
 from shared.randomness import Rng
 from shared.schemas import MechanismSpec
 from simulations import report
-from simulations.accuracy_commands import (
-    _list_of,
-    _mechanisms,
-    _positive_float,
-    _positive_int,
-    _shape,
-    _users,
-)
+from simulations.accuracy_commands import _list_of, _mechanisms, _shape, _users
+from simulations.arguments import checked, count, positive_float, positive_int
 from simulations.execution import run_units
 from simulations.populations import (
     CategoricalShape,
@@ -717,26 +711,6 @@ def _probability(text: str) -> float:
     return value
 
 
-def _count(text: str) -> int:
-    """An integer >= 0."""
-    value = int(text.replace("_", ""))
-    if value < 0:
-        raise ValueError(f"{text!r} is not an integer >= 0")
-    return value
-
-
-def _checked(kind: Any) -> Any:
-    """``kind`` as an argparse type whose ValueError becomes a usage error."""
-
-    def parse(text: str) -> Any:
-        try:
-            return kind(text)
-        except ValueError as error:
-            raise argparse.ArgumentTypeError(str(error)) from None
-
-    return parse
-
-
 def register(subparsers: Any) -> None:
     """Add the ``longitudinal`` subcommand."""
     parser = subparsers.add_parser(
@@ -752,21 +726,21 @@ def register(subparsers: Any) -> None:
         f"{','.join(ONE_SHOT)} (default: all)",
     )  # fmt: skip
     parser.add_argument(
-        "--epsilon", type=_checked(_positive_float), default=2.0,
+        "--epsilon", type=checked(positive_float), default=2.0,
         help="memoized: the lifetime bound per distinct value",
     )  # fmt: skip
     parser.add_argument(
-        "--epsilon-report", type=_checked(_positive_float), default=1.0,
+        "--epsilon-report", type=checked(positive_float), default=1.0,
         help="what one report reveals (lgrr, lsue, loue, losue; one-shot mechanisms)",
     )  # fmt: skip
-    parser.add_argument("--devices", type=_checked(_users), default=100_000, help="devices n")
-    parser.add_argument("--periods", type=_checked(_positive_int), default=30, help="periods T")
+    parser.add_argument("--devices", type=checked(_users), default=100_000, help="devices n")
+    parser.add_argument("--periods", type=checked(positive_int), default=30, help="periods T")
     parser.add_argument(
-        "--change", type=_checked(_probability), default=0.1,
+        "--change", type=checked(_probability), default=0.1,
         help="probability that a device draws a new value each period",
     )  # fmt: skip
     parser.add_argument(
-        "--domain-size", type=_checked(_positive_int), default=16, help="categories d"
+        "--domain-size", type=checked(positive_int), default=16, help="categories d"
     )
     parser.add_argument(
         "--shape", type=_shape(parse_categorical_shape), default="zipf:1.1",
@@ -779,26 +753,26 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--lower", type=float, default=0.0, help="numeric: lowest value")
     parser.add_argument("--upper", type=float, default=1.0, help="numeric: highest value")
     parser.add_argument(
-        "--bits-per-device", type=_checked(_positive_int), default=1,
+        "--bits-per-device", type=checked(positive_int), default=1,
         help="dbitflip: buckets each device samples",
     )  # fmt: skip
     parser.add_argument(
-        "--flip-probability", type=_checked(_probability), default=0.0,
+        "--flip-probability", type=checked(_probability), default=0.0,
         help="onebitmean: output perturbation (below 0.5)",
     )  # fmt: skip
     parser.add_argument(
-        "--adversary-devices", type=_checked(_count), default=1000,
+        "--adversary-devices", type=checked(count), default=1000,
         help="devices in the adversary's check (0: skip it)",
     )  # fmt: skip
     parser.add_argument(
-        "--reps", type=_checked(_positive_int), default=1, help="repetitions (fresh memos)"
+        "--reps", type=checked(positive_int), default=1, help="repetitions (fresh memos)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of every random draw")
     parser.add_argument(
         "--out", type=Path, metavar="DIR", help="directory for the CSV, JSON and plot"
     )
     parser.add_argument(
-        "--workers", type=_checked(_positive_int), default=1,
+        "--workers", type=checked(positive_int), default=1,
         help="local Dask workers (1: in-process)",
     )  # fmt: skip
     parser.add_argument(

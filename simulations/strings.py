@@ -84,9 +84,9 @@ from shared.mechanisms.rappor import Rappor
 from shared.memo import SimulatedMemo
 from shared.schemas import MAX_STRING_BYTES, MechanismSpec
 from simulations import report
-from simulations.accuracy_commands import _list_of, _mechanisms, _positive_float, _shape, _users
+from simulations.accuracy_commands import _list_of, _mechanisms, _shape, _users
+from simulations.arguments import checked, count, positive_float
 from simulations.execution import run_units
-from simulations.longitudinal import _checked, _count
 from simulations.populations import CategoricalShape, apportion, parse_categorical_shape
 from simulations.text import HelpFormatter, counted
 
@@ -715,16 +715,16 @@ def register(subparsers: Any) -> None:
         default=list(MECHANISMS), help="comma-separated, from " + ",".join(MECHANISMS),
     )  # fmt: skip
     parser.add_argument(
-        "--epsilons", type=_list_of(_positive_float, "epsilons"), default=[1.0, 2.0, 4.0],
+        "--epsilons", type=_list_of(positive_float, "epsilons"), default=[1.0, 2.0, 4.0],
         help="privacy budgets of one report, comma-separated",
     )  # fmt: skip
-    parser.add_argument("--users", type=_checked(_users), default=200_000, help="users n, e.g. 1e6")
+    parser.add_argument("--users", type=checked(_users), default=200_000, help="users n, e.g. 1e6")
     parser.add_argument(
         "--strings", default="words", metavar="words|FILE",
         help="the vocabulary: the bundled generated words, or a UTF-8 file, one per line",
     )  # fmt: skip
     parser.add_argument(
-        "--vocabulary-size", type=_checked(_positive_count), metavar="V",
+        "--vocabulary-size", type=checked(_positive_count), metavar="V",
         help="use the first V strings (default: all)",
     )  # fmt: skip
     parser.add_argument(
@@ -732,36 +732,36 @@ def register(subparsers: Any) -> None:
         help="shares of the strings in order: zipf:S | uniform | counts:FILE",
     )  # fmt: skip
     parser.add_argument(
-        "--top-k", type=_checked(_positive_count), default=10, metavar="K",
+        "--top-k", type=checked(_positive_count), default=10, metavar="K",
         help="heavy hitters sought",
     )  # fmt: skip
     parser.add_argument(
-        "--candidates", type=_checked(_positive_count), default=100, metavar="C",
+        "--candidates", type=checked(_positive_count), default=100, metavar="C",
         help="the true top-C strings are the candidates",
     )  # fmt: skip
     defaults = Settings()
     parser.add_argument(
-        "--sketch-width", type=_checked(_positive_count), default=defaults.sketch_width,
+        "--sketch-width", type=checked(_positive_count), default=defaults.sketch_width,
         metavar="M", help="cms, hcms, sfp: columns of the sketch (hcms: a power of two)",
     )  # fmt: skip
     parser.add_argument(
-        "--sketch-depth", type=_checked(_positive_count), default=defaults.sketch_depth,
+        "--sketch-depth", type=checked(_positive_count), default=defaults.sketch_depth,
         metavar="K", help="cms, hcms, sfp: hash functions, the rows of the sketch",
     )  # fmt: skip
     parser.add_argument(
-        "--max-length", type=_checked(_positive_count), metavar="BYTES",
+        "--max-length", type=checked(_positive_count), metavar="BYTES",
         help="pem, sfp: longest string in UTF-8 bytes (default: the longest held)",
     )  # fmt: skip
     parser.add_argument(
-        "--rappor-bits", type=_checked(_positive_count), default=defaults.rappor_bits,
+        "--rappor-bits", type=checked(_positive_count), default=defaults.rappor_bits,
         help="rappor: Bloom filter bits",
     )  # fmt: skip
     parser.add_argument(
-        "--rappor-hashes", type=_checked(_positive_count), default=defaults.rappor_hashes,
+        "--rappor-hashes", type=checked(_positive_count), default=defaults.rappor_hashes,
         help="rappor: hash functions",
     )  # fmt: skip
     parser.add_argument(
-        "--rappor-cohorts", type=_checked(_positive_count), default=defaults.rappor_cohorts,
+        "--rappor-cohorts", type=checked(_positive_count), default=defaults.rappor_cohorts,
         help="rappor: cohorts",
     )  # fmt: skip
     parser.add_argument(
@@ -769,14 +769,14 @@ def register(subparsers: Any) -> None:
         help="exact: every user encoded; fast: statistics drawn from their law where possible",
     )  # fmt: skip
     parser.add_argument(
-        "--reps", type=_checked(_positive_count), default=1, help="repetitions (fresh noise)"
+        "--reps", type=checked(_positive_count), default=1, help="repetitions (fresh noise)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of every random draw")
     parser.add_argument(
         "--out", type=Path, metavar="DIR", help="directory for the CSV, JSON and plot"
     )
     parser.add_argument(
-        "--workers", type=_checked(_positive_count), default=1,
+        "--workers", type=checked(_positive_count), default=1,
         help="local Dask workers (1: in-process)",
     )  # fmt: skip
     parser.add_argument(
@@ -787,7 +787,7 @@ def register(subparsers: Any) -> None:
 
 
 def _positive_count(text: str) -> int:
-    value = _count(text)
+    value = count(text)
     if value < 1:
         raise ValueError(f"{text!r} is not an integer >= 1")
     return value

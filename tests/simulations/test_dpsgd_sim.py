@@ -67,8 +67,8 @@ def test_cli_writes_results_epochs_and_plot(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["--delta", "2"], "--delta must lie in (0, 1)"),
-        (["--epochs", "0"], "must be an integer >= 1"),
-        (["--learning-rate", "nan"], "finite number > 0"),
+        (["--epochs", "0"], "is not an integer >= 1"),
+        (["--learning-rate", "nan"], "is not a number > 0"),
         (["--models", "cnn"], "unknown value 'cnn'"),
     ],
 )
