@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -21,10 +22,10 @@ from fastapi import FastAPI, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from aggregator import observability as obs
 from aggregator.auth import KeyRing, RateLimiter
+from aggregator.body_limits import BodyLimits
 from aggregator.docs_pages import add_docs_pages
 from aggregator.errors import add_problem_handlers
 from aggregator.federated import Federated
@@ -47,52 +48,6 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": Problem, "content": {"application/problem+json": {}}}
     for status in (400, 401, 403, 404, 409, 413, 422, 429, 503)
 }
-
-
-class BodyLimit:
-    """ASGI middleware: refuse request bodies over ``limit`` bytes with 413, before parsing."""
-
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope.get("headers", ())).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await self._refuse(scope, receive, send)
-            return
-        seen = 0
-
-        async def counted() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge
-            return message
-
-        try:
-            await self.app(scope, counted, send)
-        except _TooLarge:
-            await self._refuse(scope, receive, send)
-
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        request = Request(scope, receive)
-        response = problem_response(
-            request,
-            413,
-            "too-large",
-            "Request body too large",
-            f"the body exceeds {self.limit} bytes; send smaller batches",
-        )
-        await response(scope, receive, send)
-
-
-class _TooLarge(Exception):
-    pass
 
 
 def create_app(settings: Settings, aggregator: Aggregator | None = None) -> FastAPI:
@@ -140,8 +95,15 @@ def create_app(settings: Settings, aggregator: Aggregator | None = None) -> Fast
     app.state.aggregator = service
     app.state.federated = federated
     app.state.keys = KeyRing(service.storage)
+    # Report batches being validated at once (aggregator/routes/reports.py).
+    app.state.validations = threading.BoundedSemaphore(settings.parallel_validations)
     app.state.limiter = RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst)
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimits,
+        limit=settings.max_other_body_bytes,
+        path_limits={"/v1/reports": settings.max_body_bytes},
+        budget=settings.max_body_bytes_in_flight,
+    )
     app.middleware("http")(_count_requests)
     app.add_exception_handler(ProblemError, handle_problem)
     add_problem_handlers(app)

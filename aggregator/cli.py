@@ -2,6 +2,7 @@
 
     ldp-aggregator serve [--database URL] [--config metrics.toml] [--host H] [--port P]
                          [--workers N] [--min-reports N] [--demo-data]
+                         [--max-body-bytes N] [--header-timeout S] [--body-timeout S]
     ldp-aggregator compact [--database URL]
     ldp-aggregator create-key --role device|analyst|admin [--label TEXT] [--database URL]
 
@@ -72,6 +73,13 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--min-reports", type=int, help="reports needed before an estimate")
     serve.add_argument("--max-batch-reports", type=int, help="most reports per batch")
     serve.add_argument("--compaction-interval", type=float, help="seconds; 0 turns it off")
+    serve.add_argument("--max-body-bytes", type=int, help="largest request body (413 past it)")
+    serve.add_argument(
+        "--header-timeout", type=float, help="seconds a request's headers may take to arrive"
+    )
+    serve.add_argument(
+        "--body-timeout", type=float, help="seconds a request's body may take to arrive"
+    )
     serve.add_argument(
         "--demo-data",
         action="store_true",
@@ -95,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
             min_reports=getattr(args, "min_reports", None),
             max_batch_reports=getattr(args, "max_batch_reports", None),
             compaction_interval=getattr(args, "compaction_interval", None),
+            max_body_bytes=getattr(args, "max_body_bytes", None),
+            header_timeout=getattr(args, "header_timeout", None),
+            body_timeout=getattr(args, "body_timeout", None),
         )
         settings = replace(settings, database=absolute_database(settings.database))
         if args.command == "serve":
@@ -293,13 +304,14 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
             # Each worker writes its samples here; /metrics sums them. Removed at exit.
             directory = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="ldp-prom-"))
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
-        _run_uvicorn(args)
+        _run_uvicorn(args, settings)
     return 0
 
 
-def _run_uvicorn(args: argparse.Namespace) -> None:
+def _run_uvicorn(args: argparse.Namespace, settings: Settings) -> None:
     import uvicorn
 
+    _allow_connections(settings.max_connections)
     uvicorn.run(
         "aggregator.app:app_from_environment",
         factory=True,
@@ -310,7 +322,23 @@ def _run_uvicorn(args: argparse.Namespace) -> None:
         log_level=args.log_level,
         log_config=uvicorn_log_config(args.log_level),
         timeout_graceful_shutdown=30,
+        # Deadlines for a request's headers and body (slow clients are cut), and a bound
+        # on open connections and requests in progress (503 past it).
+        http="aggregator.http_protocol:DeadlineHttpProtocol",
+        limit_concurrency=settings.max_connections,
     )
+
+
+def _allow_connections(connections: int) -> None:
+    """Raise the soft limit on open files to let ``connections`` sockets be open (and some
+    files besides), as far as the hard limit allows."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = connections + 256
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        ceiling = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, ceiling), hard))
 
 
 def _export(settings: Settings) -> None:

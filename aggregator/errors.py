@@ -5,7 +5,8 @@ HTTP; ``PROBLEMS`` says, for each exception type, which problem document
 (``aggregator/problems.py``) answers it: its status, problem type and title, with the
 exception's message as the detail. The ``errors`` list names one field (``Fixed`` with
 ``field``), or is the exception's own list of located problems (``Located``: the
-invalid reports of a batch, the field of a federated request at fault).
+invalid reports of a batch, the field of a federated request at fault). Unavailable
+storage is a 503 with ``Retry-After`` (``Unavailable``).
 """
 
 from __future__ import annotations
@@ -72,6 +73,19 @@ class Located:
         return ProblemError(self.status, self.kind, self.title, str(error), error.problems)
 
 
+@dataclass(frozen=True)
+class Unavailable:
+    """503: the storage cannot serve now; ``Retry-After`` is the error's ``retry_after``."""
+
+    kind: str
+    title: str
+
+    def __call__(self, error: Exception) -> ProblemError:
+        assert isinstance(error, StorageUnavailableError)
+        headers = {"Retry-After": str(error.retry_after)}
+        return ProblemError(503, self.kind, self.title, str(error), headers=headers)
+
+
 #: Every domain exception a route lets through, and the problem document answering it.
 PROBLEMS: dict[type[Exception], Callable[[Exception], ProblemError]] = {
     UnknownMetricError: Fixed(404, "unknown-metric", "Unknown metric"),
@@ -81,7 +95,7 @@ PROBLEMS: dict[type[Exception], Callable[[Exception], ProblemError]] = {
     NotDiscoveryMetricError: Fixed(422, "not-a-discovery-metric", "Not a discovery metric"),
     InvalidKeyRequestError: Fixed(422, "invalid-key-request", "Invalid key request", "label"),
     UnknownKeyError: Fixed(404, "unknown-key", "Unknown key"),
-    StorageUnavailableError: Fixed(503, "storage-unavailable", "Storage unreachable"),
+    StorageUnavailableError: Unavailable("storage-unavailable", "Storage unreachable"),
     InvalidBatchError: Located(422, "invalid-batch", InvalidBatchError.summary),
     BatchTooLargeError: Located(413, "too-large", BatchTooLargeError.summary),
     UnknownTaskError: Located(404, "unknown-task", "Unknown task"),
@@ -105,7 +119,13 @@ def problem_of(error: Exception) -> ProblemError:
 async def handle_domain_error(request: Request, error: Exception) -> JSONResponse:
     problem = problem_of(error)
     return problem_response(
-        request, problem.status, problem.kind, problem.title, problem.detail, problem.errors
+        request,
+        problem.status,
+        problem.kind,
+        problem.title,
+        problem.detail,
+        problem.errors,
+        problem.headers,
     )
 
 

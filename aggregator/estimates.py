@@ -22,13 +22,22 @@ unchanged. The estimate says what was left out (``suppressed_buckets``,
 ``suppressed_reports``): report counts are public in this design (``n`` is released), so
 this tells the size of a small bucket, never anything about its reports' values.
 
+A categorical estimate lists a bounded selection of its categories (``ValueView``,
+``aggregator.value_listing``): all of them up to 4,096, else the 1,000 largest estimates by
+default; chosen ones (``values``), pages (``order``, ``offset``, ``limit``) or the whole
+vector compactly encoded (``format=vectors``) on request. It says which it listed
+(``domain_size``, ``partial``, ``order``, ``offset``, ``next_offset``). The estimate itself is
+computed as numpy vectors over the whole domain (the simplex projection too); only what is
+listed becomes JSON.
+
 A series (``GET /v1/metrics/{name}/series``, ``build_series``) is one estimate per time
 step on the UTC grid of the step (whole hours for ``1h``, UTC days for ``1d``): each
 step's estimate is the one the estimate endpoint publishes for that step's window,
 built by the same code from the step's released buckets, or null when none of them
 reaches the threshold (the step still says how many reports it holds). It reads the
 stored buckets of the range once, so its cost grows with the number of buckets and
-steps, never with the number of reports.
+steps, never with the number of reports. It holds at most ``MAX_SERIES_VALUES`` listed
+values in all, one step alone included: a larger request is refused, saying what to narrow.
 """
 
 from __future__ import annotations
@@ -43,7 +52,16 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from aggregator.storage import PartialRow
-from shared.estimates import Estimate, MeanEstimate, StdMethod
+from aggregator.value_listing import (
+    DEFAULT_TOP_VALUES,
+    DEFAULT_VIEW,
+    FULL_LIST_DOMAIN,
+    Listing,
+    ListingOrder,
+    ValueView,
+    encode_vector,
+)
+from shared.estimates import Estimate, MeanEstimate, StdMethod, z_value
 from shared.mechanisms import Mechanism, Rappor, RapporEstimate, pem, sfp
 from shared.mechanisms.strings import OpenStringMechanism
 from shared.schemas import MetricSpec
@@ -61,8 +79,9 @@ STEP_SECONDS: dict[str, int] = {"1h": 3600, "1d": 86400}
 DEFAULT_SERIES_STEPS: dict[str, int] = {"1h": 168, "1d": 30}
 #: Most steps in one series (100 days of hours).
 MAX_SERIES_STEPS = 2400
-#: Most estimated values in one series (steps times the values of one step's estimate:
-#: categories, candidate strings, or one mean), unless one step alone holds more.
+#: Most estimated values in one series (steps times the values listed by one step's
+#: estimate: categories twice, for the post-processed twin, candidate strings, or one
+#: mean), whatever the number of steps.
 MAX_SERIES_VALUES = 100_000
 #: The Unix seconds a published time may take (years 1 to 9999).
 _FIRST_SECOND = int(datetime(1, 1, 1, tzinfo=UTC).timestamp())
@@ -272,12 +291,57 @@ class EstimateBase(BaseModel):
     )
 
 
+class EstimateVectors(BaseModel):
+    """A page of a categorical estimate in index order, as base64 float32 vectors
+    (``format=vectors``): category ``first + i`` is element i of each vector."""
+
+    encoding: Literal["base64-float32-le"] = Field(
+        description="Each vector is base64 (RFC 4648, padded) of little-endian IEEE 754 "
+        "binary32 numbers, count of them (e.g. numpy.frombuffer(base64.b64decode(text), "
+        "'<f4'))."
+    )
+    first: int = Field(description="Index of the category of element 0 (the offset).")
+    count: int = Field(description="Elements in each vector.")
+    z: float = Field(
+        description="The normal quantile of the confidence level: the interval of element i "
+        "is frequency[i] ± z std[i], and its estimated count n frequency[i]."
+    )
+    frequency: str = Field(description="Unbiased estimates of the categories' shares.")
+    std: str = Field(description="Their standard errors.")
+    postprocessed: str = Field(
+        description="The closest valid distribution (simplex projection of the whole "
+        "vector); biased."
+    )
+
+
 class CategoricalEstimateOut(EstimateBase):
     kind: Literal["categorical"] = "categorical"
     resolved_mechanism: str = Field(description="The mechanism 'auto' resolved to.")
-    estimates: list[FrequencyItem]
+    estimates: list[FrequencyItem] = Field(
+        description="The listed categories (see order and partial), with their unbiased "
+        "estimates; empty for format=vectors."
+    )
     postprocessed: list[PostprocessedItem] = Field(
-        description="The closest valid distribution (simplex projection); biased."
+        description="The closest valid distribution (simplex projection of the whole "
+        "vector); biased. The same categories as estimates, in the same order."
+    )
+    domain_size: int = Field(description="How many categories the metric has.")
+    partial: bool = Field(
+        description="Whether some categories are not listed: by default a metric of more than "
+        f"{FULL_LIST_DOMAIN:,} categories lists its {DEFAULT_TOP_VALUES:,} largest estimates "
+        "(see order, next_offset)."
+    )
+    order: ListingOrder = Field(
+        description="How the listed categories were chosen: 'index' (a page in index order), "
+        "'frequency' (a page of the largest unbiased estimates first, ties by index) or "
+        "'values' (exactly those the request named, in its order)."
+    )
+    offset: int = Field(description="Position in that order of the first category listed.")
+    next_offset: int | None = Field(
+        description="The offset of the next page in the same order; null after the last."
+    )
+    vectors: EstimateVectors | None = Field(
+        default=None, description="format=vectors only: the page as compact vectors."
     )
 
 
@@ -436,10 +500,13 @@ def build_estimate(
     window: EstimateWindow,
     released: ReleasedBuckets,
     candidates: list[str] | None = None,
+    view: ValueView = DEFAULT_VIEW,
 ) -> dict[str, object]:
     """The published estimate of ``stats``, the statistics of ``released.rows`` (JSON-ready,
     one of the ``*EstimateOut`` shapes, with every field of it: serialized as it is, it is
-    the JSON its model gives)."""
+    the JSON its model gives); a categorical one lists the categories ``view`` chooses
+    (``Listing``). ValueError for a view that cannot be served."""
+    check_view(metric, view)
     base = _base(metric, stats.n, window, released)
     if isinstance(mechanism, Rappor | OpenStringMechanism):
         listed = estimated_strings(metric, candidates)
@@ -471,29 +538,81 @@ def build_estimate(
             "postprocessed_mean": result.postprocessed(),
         }
     assert isinstance(result, Estimate)
-    low_array, high_array = result.ci(CONFIDENCE)
-    counts = result.counts
+    listing = Listing.of(metric, result.frequencies, view)
     projected = result.postprocessed().frequencies
-    return base | {
-        "kind": "categorical",
-        "resolved_mechanism": mechanism.name,
-        "estimates": [
+    answer: dict[str, object] = {"kind": "categorical", "resolved_mechanism": mechanism.name}
+    if view.format == "vectors":
+        answer |= {
+            "estimates": [],
+            "postprocessed": [],
+            "vectors": _vectors(result, projected, listing),
+        }
+    else:
+        answer |= _frequency_items(metric, result, projected, listing.indices) | {"vectors": None}
+    return base | answer | listing.as_json()
+
+
+def _frequency_items(
+    metric: MetricSpec, result: Estimate, projected: np.ndarray, indices: np.ndarray
+) -> dict[str, list[dict[str, object]]]:
+    """``estimates`` and ``postprocessed`` items of the categories ``indices``: the columns
+    are sliced as vectors, and only the listed categories become objects."""
+    frequencies = result.frequencies[indices]
+    half = z_value(CONFIDENCE) * result.std[indices]
+    order = indices.tolist()
+    labels = [metric.labels[i] for i in order] if metric.labels is not None else [None] * len(order)
+    columns = zip(
+        order,
+        labels,
+        frequencies.tolist(),
+        result.std[indices].tolist(),
+        (frequencies - half).tolist(),
+        (frequencies + half).tolist(),
+        (frequencies * result.n).tolist(),
+        projected[indices].tolist(),
+        strict=True,
+    )
+    estimates: list[dict[str, object]] = []
+    postprocessed: list[dict[str, object]] = []
+    for index, label, frequency, std, low, high, count, valid in columns:
+        estimates.append(
             {
-                "index": i,
-                "label": metric.label_of(i),
-                "frequency": float(result.frequencies[i]),
-                "std": float(result.std[i]),
-                "ci_low": float(low_array[i]),
-                "ci_high": float(high_array[i]),
-                "count": float(counts[i]),
+                "index": index,
+                "label": label,
+                "frequency": frequency,
+                "std": std,
+                "ci_low": low,
+                "ci_high": high,
+                "count": count,
             }
-            for i in range(result.frequencies.size)
-        ],
-        "postprocessed": [
-            {"index": i, "label": metric.label_of(i), "frequency": float(projected[i])}
-            for i in range(projected.size)
-        ],
+        )
+        postprocessed.append({"index": index, "label": label, "frequency": valid})
+    return {"estimates": estimates, "postprocessed": postprocessed}
+
+
+def _vectors(result: Estimate, projected: np.ndarray, listing: Listing) -> dict[str, object]:
+    """The ``EstimateVectors`` of ``listing`` (a range of indices, ``format=vectors``)."""
+    chosen = listing.indices
+    return {
+        "encoding": "base64-float32-le",
+        "first": listing.offset,
+        "count": int(chosen.size),
+        "z": z_value(CONFIDENCE),
+        "frequency": encode_vector(result.frequencies[chosen]),
+        "std": encode_vector(result.std[chosen]),
+        "postprocessed": encode_vector(projected[chosen]),
     }
+
+
+def check_view(metric: MetricSpec, view: ValueView) -> None:
+    """ValueError unless ``view`` can be served for ``metric`` (``ValueView.check``; only a
+    categorical metric's categories can be chosen)."""
+    if metric.mechanism.kind != "categorical" and not view.is_default:
+        raise ValueError(
+            "values, order, offset, limit and format choose categories of a categorical "
+            f"metric; {metric.name!r} is a {metric.mechanism.kind} metric"
+        )
+    view.check()
 
 
 def estimated_strings(metric: MetricSpec, candidates: list[str] | None) -> list[str]:
@@ -509,23 +628,36 @@ def estimated_strings(metric: MetricSpec, candidates: list[str] | None) -> list[
 
 
 def series_strings(
-    metric: MetricSpec, mechanism: Mechanism, grid: SeriesGrid, candidates: list[str] | None
+    metric: MetricSpec,
+    mechanism: Mechanism,
+    grid: SeriesGrid,
+    candidates: list[str] | None,
+    view: ValueView = DEFAULT_VIEW,
 ) -> list[str] | None:
     """The strings a string metric's series estimates (``estimated_strings``; None for the
     other metrics), once the series is known to fit: ValueError when it would hold more
-    than ``MAX_SERIES_VALUES`` values (steps times ``series_values``) in more than one step.
+    than ``MAX_SERIES_VALUES`` values (steps times ``series_values``), or for a view that
+    is not a series' (``format=vectors``).
     """
+    if view.format != "json":
+        raise ValueError("a series lists its categories as JSON: omit format")
+    check_view(metric, view)
     listed = (
         estimated_strings(metric, candidates)
         if isinstance(mechanism, Rappor | OpenStringMechanism)
         else None
     )
-    values = series_values(metric, listed)
-    if grid.count > 1 and grid.count * values > MAX_SERIES_VALUES:
+    values = series_values(metric, listed, view)
+    if grid.count * values > MAX_SERIES_VALUES:
+        narrower = (
+            f"fewer categories (values=..., or limit=; each step lists {values // 2:,})"
+            if metric.mechanism.kind == "categorical"
+            else "fewer candidates"
+        )
         raise ValueError(
-            f"the series would hold {grid.count} steps x {values} values = "
-            f"{grid.count * values:,}; at most {MAX_SERIES_VALUES:,}: choose a shorter "
-            "range, step=1d, or fewer candidates"
+            f"the series would hold {grid.count} step{'s' * (grid.count != 1)} x {values} "
+            f"values = {grid.count * values:,}; at most {MAX_SERIES_VALUES:,}: choose a "
+            f"shorter range, step=1d, or {narrower}"
         )
     return listed
 
@@ -537,9 +669,11 @@ def build_series(
     grid: SeriesGrid,
     min_reports: int,
     strings: list[str] | None = None,
+    view: ValueView = DEFAULT_VIEW,
 ) -> dict[str, object]:
     """One estimate per step of ``grid`` from ``rows`` (the range's partial rows), JSON-ready
-    in the ``SeriesOut`` shape; a string metric's at ``strings`` (``series_strings``).
+    in the ``SeriesOut`` shape; a string metric's at ``strings`` (``series_strings``), a
+    categorical one's listing the categories ``view`` chooses.
 
     The rows are grouped by step in one pass (a stable sort of their step indices); each
     step's estimate is ``build_estimate`` of its released buckets (``ReleasedBuckets``), or
@@ -560,7 +694,7 @@ def build_series(
         estimate = None
         if released.rows:
             stats = merged_statistics(mechanism, released.rows)
-            estimate = build_estimate(metric, mechanism, stats, window, released, strings)
+            estimate = build_estimate(metric, mechanism, stats, window, released, strings, view)
         steps.append({**window.as_json(), "n": totals[index], "estimate": estimate})
     return {
         "metric": metric.name,
@@ -577,14 +711,16 @@ def build_series(
     }
 
 
-def series_values(metric: MetricSpec, candidates: list[str] | None) -> int:
-    """How many values one step's estimate holds: its categories (each with its
-    post-processed twin, so two per category), its candidate strings, or one mean."""
+def series_values(
+    metric: MetricSpec, candidates: list[str] | None, view: ValueView = DEFAULT_VIEW
+) -> int:
+    """How many values one step's estimate holds: the categories ``view`` lists (each with
+    its post-processed twin, so two per category), its candidate strings, or one mean."""
     if candidates is not None:
         return len(candidates)
     if metric.mechanism.kind == "categorical":
         assert metric.mechanism.domain_size is not None
-        return 2 * metric.mechanism.domain_size
+        return 2 * view.listed_count(metric.mechanism.domain_size)
     return 1
 
 

@@ -1,7 +1,9 @@
 """Prometheus metrics and structured logs.
 
 Metrics (``GET /metrics``): reports accepted, duplicates, rejected by reason, ingest
-latency per batch, estimate latency, requests by route and status, and full reloads of
+latency per batch, estimate latency, requests by route and status, bodies refused for
+lack of room and the bytes of bodies in progress, connections closed because a request
+arrived too slowly (``part``: headers or body), and full reloads of
 the metric catalog (``ldp_catalog_reloads_total``: one per change of the definitions).
 With several worker processes, ``PROMETHEUS_MULTIPROC_DIR`` (set by ``ldp-aggregator
 serve --workers N``) makes every process write its samples there and ``/metrics`` sum
@@ -23,6 +25,7 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
     multiprocess,
@@ -40,6 +43,20 @@ INGEST_SECONDS = Histogram(
     "ldp_ingest_seconds",
     "Time to validate and durably store one batch.",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+)
+BODIES_REFUSED = Counter(
+    "ldp_bodies_refused",
+    "Requests refused with 503 because too many bytes of bodies were in progress.",
+)
+BODY_BYTES_IN_FLIGHT = Gauge(
+    "ldp_body_bytes_in_flight",
+    "Bytes of request bodies being received or processed (reserved by declared length).",
+    multiprocess_mode="livesum",
+)
+CONNECTIONS_TIMED_OUT = Counter(
+    "ldp_connections_timed_out",
+    "Connections closed because a request's headers or body did not arrive in time.",
+    ["part"],
 )
 ESTIMATE_SECONDS = Histogram("ldp_estimate_seconds", "Time to compute one estimate.")
 REQUESTS = Counter("ldp_http_requests", "HTTP requests by route and status.", ["route", "status"])

@@ -29,7 +29,8 @@ from aggregator.estimates import (
 from aggregator.ingest import BatchTooLargeError, prepare, utc_now
 from aggregator.registry import check_metric_name
 from aggregator.settings import Settings
-from aggregator.storage import Storage
+from aggregator.storage import Storage, StorageUnavailableError
+from aggregator.value_listing import DEFAULT_VIEW, ValueView
 from shared.mechanisms import Mechanism, make_mechanism
 from shared.mechanisms.strings import OpenStringMechanism
 from shared.schemas import (
@@ -60,10 +61,6 @@ class NotDiscoveryMetricError(InvalidEstimateError):
     """Heavy hitters asked of a metric whose mechanism cannot find strings by itself."""
 
 
-class StorageUnavailableError(Exception):
-    """The database did not answer."""
-
-
 class NotEnoughReportsError(Exception):
     """No time bucket in the window holds the release threshold's number of reports."""
 
@@ -87,20 +84,31 @@ class Aggregator:
 
     def __init__(self, settings: Settings, storage: Storage | None = None) -> None:
         self.settings = settings
-        self.storage = storage or Storage(settings.database)
+        self.storage = storage or Storage(settings.database, settings.database_timeout)
         self.catalog = Catalog(self.storage)
 
     def close(self) -> None:
         self.storage.close()
 
     def ping(self) -> str:
-        """The storage dialect's name, once the database answers (``StorageUnavailableError``
-        when it does not: any failure of the round trip counts as unreachable)."""
+        """The storage dialect's name, once the database answers and nothing says the
+        group-commit writer cannot commit; ``StorageUnavailableError`` otherwise (any
+        failure of the round trip counts as unreachable)."""
         try:
             self.storage.ping()
+        except StorageUnavailableError:
+            raise
         except Exception as error:  # noqa: BLE001 - any storage failure is "unreachable"
             obs.log(logger, logging.WARNING, "storage unreachable", error=type(error).__name__)
-            raise StorageUnavailableError("the database did not answer") from None
+            raise StorageUnavailableError(
+                "the database did not answer", self.settings.database_timeout
+            ) from None
+        trouble = self.storage.writer_trouble()
+        if trouble is not None:
+            raise StorageUnavailableError(
+                f"the database answers, but the writer cannot commit: {trouble}",
+                self.settings.database_timeout,
+            )
         return self.storage.dialect
 
     def define(self, name: str, definition: MetricDefinition) -> tuple[MetricSpec, bool]:
@@ -156,8 +164,10 @@ class Aggregator:
         start: datetime | None = None,
         end: datetime | None = None,
         candidates: list[str] | None = None,
+        view: ValueView = DEFAULT_VIEW,
     ) -> dict[str, object]:
-        """The estimate of one metric version over ``start <= time < end`` (JSON-ready).
+        """The estimate of one metric version over ``start <= time < end`` (JSON-ready),
+        listing the categories ``view`` chooses (``aggregator.value_listing``).
 
         Only the time buckets holding at least ``min_reports`` reports are used
         (``ReleasedBuckets``); ``NotEnoughReportsError`` when the window has none. The
@@ -167,7 +177,7 @@ class Aggregator:
         metric, mechanism = self._metric(name, version)
         try:
             window, released, stats = self._released(metric, mechanism, start, end)
-            return build_estimate(metric, mechanism, stats, window, released, candidates)
+            return build_estimate(metric, mechanism, stats, window, released, candidates, view)
         except ValueError as error:
             raise InvalidEstimateError(str(error)) from None
 
@@ -180,9 +190,11 @@ class Aggregator:
         end: datetime | None = None,
         candidates: list[str] | None = None,
         now: datetime | None = None,
+        view: ValueView = DEFAULT_VIEW,
     ) -> dict[str, object]:
         """One estimate per step of one metric version over ``[start, end)`` widened to whole
-        steps (``SeriesGrid``; JSON-ready in the ``SeriesOut`` shape).
+        steps (``SeriesGrid``; JSON-ready in the ``SeriesOut`` shape), each step listing the
+        categories ``view`` chooses.
 
         Each step's estimate is what ``estimate`` gives for the step's window, or None where
         that is refused for want of reports (the step's ``n`` is still given). The range's
@@ -192,9 +204,11 @@ class Aggregator:
         metric, mechanism = self._metric(name, version)
         try:
             grid = SeriesGrid.of(start, end, step, self.settings.bucket_seconds, now or utc_now())
-            strings = series_strings(metric, mechanism, grid, candidates)
+            strings = series_strings(metric, mechanism, grid, candidates, view)
             rows = self.storage.partial_rows(metric.name, metric.version, grid.first, grid.stop)
-            return build_series(metric, mechanism, rows, grid, self.settings.min_reports, strings)
+            return build_series(
+                metric, mechanism, rows, grid, self.settings.min_reports, strings, view
+            )
         except ValueError as error:
             raise InvalidEstimateError(str(error)) from None
 

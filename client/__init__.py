@@ -2,7 +2,8 @@
 
 ``TelemetryClient`` (``client/sdk.py``) is the entry point (one per state directory:
 a second one there is ``StateDirectoryInUseError``); ``BudgetLimits`` sets the
-device's own epsilon caps (``client/ledger.py``); ``FederatedClient``
+device's own epsilon caps (``client/ledger.py``), and a metric version whose spec changed
+under it is refused with ``SpecChangedError``; ``FederatedClient``
 (``client/federated.py``) takes part in federated learning tasks. The package imports numpy, httpx,
 pydantic and the standard library only (and ``shared``).
 """
@@ -25,7 +26,7 @@ from client.ledger import (
     MemoizedCost,
 )
 from client.sdk import StateDirectoryInUseError, TelemetryClient
-from client.specs import SpecError
+from client.specs import SpecChangedError, SpecError
 from client.transport import RetryPolicy
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "RetryPolicy",
     "RoundInfo",
     "RoundResult",
+    "SpecChangedError",
     "SpecError",
     "StateDirectoryInUseError",
     "TaskFinishedError",

@@ -55,7 +55,7 @@ from typing import Any
 from client.ledger import LedgerCorruptError
 from shared.accounting import releases_epsilon
 from shared.caps import within_cap
-from shared.federated.task import FEDERATED_DISCRETIZATION
+from shared.federated.task import FEDERATED_DISCRETIZATION, NOISE
 
 __all__ = ["Charge", "FederatedLedger", "PLD_CEILING", "device_epsilon", "device_releases_epsilon"]
 
@@ -79,7 +79,8 @@ def device_epsilon(releases: Mapping[float, int], sample_rate: float, delta: flo
 
 def device_releases_epsilon(releases: Mapping[tuple[float, float], int], delta: float) -> float:
     """Epsilon at ``delta`` of Gaussian releases, ``releases[(z, q)]`` of them at multiplier
-    ``z``, each Poisson-subsampled at rate ``q``.
+    ``z``, each Poisson-subsampled at rate ``q``, with the noise the server's accountant
+    charges (``NOISE``: the discrete Gaussian, by its zCDP bound whatever the method).
 
     ``min(eps_RDP, eps_PLD)`` where ``eps_PLD`` is computed only when ``eps_RDP <=
     PLD_CEILING`` (see the module docstring); ``inf`` if any multiplier is 0 (no noise);
@@ -102,12 +103,13 @@ def _epsilon(releases: tuple[tuple[float, float, int], ...], delta: float) -> fl
         # dp-accounting divides by z^2: a multiplier near 1e-300 overflows to inf, which
         # is the right answer (no privacy) and needs no warning.
         warnings.simplefilter("ignore", RuntimeWarning)
-        rdp = releases_epsilon(merged, delta, "rdp")
+        rdp = releases_epsilon(merged, delta, "rdp", mechanism=NOISE)
     if not rdp <= PLD_CEILING:
         return rdp
     pld = releases_epsilon(
-        merged, delta, "pld", value_discretization_interval=FEDERATED_DISCRETIZATION
-    )
+        merged, delta, "pld", value_discretization_interval=FEDERATED_DISCRETIZATION,
+        mechanism=NOISE,
+    )  # fmt: skip
     return min(rdp, pld)
 
 

@@ -1,7 +1,10 @@
 """The device's privacy ledger: epsilon is debited durably before any report exists.
 
 Caps (``BudgetLimits``, set by the app; the server cannot raise them): per metric per
-period, all metrics per period, and a lifetime total.
+period, all metrics per period, a lifetime total, the largest epsilon one report may
+carry, and the largest lifetime epsilon one memoized value may cost. Every one is finite
+by default; an app raises them on purpose (``math.inf`` removes one). A spec above the
+last two is refused before anything is spent.
 
 What a report costs. A mechanism without memory is pure epsilon-LDP per report, and
 reports compose by addition (basic composition): each report adds its epsilon to the
@@ -9,8 +12,8 @@ period's counters and to the lifetime total (``debit``).
 
 A memoized mechanism (``shared.mechanisms.memoized``: ``lgrr``, ``lsue``, ``loue``,
 ``losue``, ``dbitflip``, ``onebitmean``; and ``rappor``) answers a value from a
-*permanent* response, drawn once per (device, metric version, memo key) from the device
-secret and the same for every later report of that key, with a fresh instantaneous
+*permanent* response, drawn once per (device, spec, memo key) from the device secret
+and the same for every later report of that key, with a fresh instantaneous
 response on top for some of them. It is described by two numbers, ``MemoizedCost``:
 ``per_value``, what any number of reports of one memo key reveal (the spec's
 ``epsilon``; RAPPOR: epsilon_infinity = 2 h ln((1 - f/2) / (f/2))), and ``per_report``,
@@ -34,11 +37,23 @@ charges, for a report of memo key x (the memo key, not the raw value: ``memo_key
   period exactly ``per_report``. Reports of distinct keys compose: the period pays for
   each key.
 
-Memo keys are recognised by a keyed hash, HMAC-SHA256(device secret, metric, version,
-memo key as 8 bytes big-endian; RAPPOR: the string's UTF-8), never by the value: the
+Memo keys are recognised by a keyed hash, HMAC-SHA256(device secret, label || spec hash
+|| memo key as 8 bytes big-endian; RAPPOR: the string's UTF-8), never by the value: the
 hashes of the keys charged for life, and of those reported this period, are part of the
 ledger (same checksum, same fsync and rename), and without the device secret a hash says
 nothing about the value.
+
+Bound to the exact spec. The spec hash is ``shared.spec_hash.spec_hash``, SHA-256 of the
+canonical JSON of the metric's name, version, mechanism spec and labels; the device's
+memo (``shared.memo.spec_scope``) and RAPPOR secret derive from it too. So two different
+specs never share permanent randomness, and each is charged for its own values: what
+they reveal together is at most the sum of their charges. Before a metric version is
+first used the ledger pins its spec hash (``pin``, durably, with the mechanism's fields
+to say later what changed); a later different spec under the same name and version is
+refused with ``client.specs.SpecChangedError`` before anything is debited or queued.
+An honest aggregator whose database was recreated, so that its versions restart at 1,
+is refused the same way: a spec changes only with a new version (or a new metric
+name), never under one a device has used.
 
 The guarantee, and its limit. Take two sequences of n values x and x' with the same
 equality pattern of memo keys (key(x_i) = key(x_j) exactly when key(x'_i) = key(x'_j)).
@@ -80,18 +95,50 @@ clock back cannot reopen a spent period.
 
 Failing closed. The ledger carries a SHA-256 checksum of its content; a ledger that
 does not parse or does not match is ``LedgerCorruptError`` and nothing is reported.
-``ledger.expected`` marks a state directory that has had a ledger: if the ledger is
-then missing, that is an error too, not a fresh budget. The device secret (RAPPOR's
-cohort and permanent response, every memoized mechanism's memo) lives in the ledger:
-lose the secret and the memo is lost with it. A device whose state is reset on purpose
-draws new permanent responses, and what they reveal composes with what the old ones
-did, which the new ledger no longer counts.
+The checksum is not keyed: it detects accidental damage (a torn or truncated file, a
+flipped bit), not an edit, since whoever can write the file can recompute it (keying it
+with the device secret, which lives in the same file, would change nothing). The device
+owner editing their own ledger is outside the threat model: the ledger protects the
+owner from the server, not the server from the owner. ``ledger.expected`` marks a state
+directory that has had a ledger: if the ledger is then missing, that is an error too,
+not a fresh budget. The device secret (RAPPOR's cohort and permanent response, every
+memoized mechanism's memo) lives in the ledger: lose the secret and the memo is lost
+with it. A device whose state is reset on purpose draws new permanent responses, and
+what they reveal composes with what the old ones did, which the new ledger no longer
+counts.
+
+Rollback. Restoring an older ``ledger.json`` (from a backup, a sync, a copy) is an
+ordinary event, and it must not hand back budget already spent. The ledger carries a
+``generation`` that every write increments, and every write also replaces
+``ledger.mark`` (the high-water mark: the generation, the clock, the period's spending,
+the lifetime figures and the spec pins, with its own checksum; written to a temporary
+file, fsynced and renamed under the same lock, with one directory fsync after both
+renames). Every read compares the two: a ledger whose generation is not above the
+mark's is lifted to it, each figure to the larger of the two (the clock, the period,
+that period's spending per metric and in total, the lifetime total and per metric, the
+pins), written back, and logged. Lifting rather than refusing keeps the device usable
+and loses nothing: every figure is at least what the device had spent, so no cap can be
+overspent, and what the restored copy lacks (the hashes of values charged, or reported
+this period, since it was taken) only makes a value pay again, an over-count. A refusal
+would leave a device with a restored backup two ways out, neither better: never to
+report again, or a reset, which starts a new ledger from nothing. A mark that does not
+parse is ``LedgerCorruptError`` (delete it to trust the ledger as it is); a mark of
+another ledger (another creation time) is too. Not covered: a whole state directory
+restored together (ledger and mark from the same moment are consistent, and the budget
+spent since is forgotten: nothing on the device remembers it), a mark deleted (the
+next write recreates it from the ledger), and anything the owner does on purpose.
 
 Format. ``FORMAT`` 2 added the charged-key hashes, 3 the lifetime epsilon and the
-number of memoized values charged per metric and the keys reported this period. Older
-ledgers are read as having none of what they lack (format 1: memoized reports charged
-per report; format 2: the per-metric lifetime figures count from the upgrade), and
-written back as format 3 at the next debit.
+number of memoized values charged per metric and the keys reported this period, 4 the
+spec pins, the generation, and charged-key hashes keyed by the spec hash instead of the
+metric's name and version. Older ledgers are read as having none of what they lack
+(format 1: memoized reports charged per report; format 2: the per-metric lifetime
+figures count from the upgrade; format 3: no pins yet, generation 0), and written back
+as format 4 at the next write. The charged-key hashes of formats 2 and 3 were keyed by
+name and version and can never match a format 4 hash, so they are dropped: the lifetime
+totals keep what they charged, and a value reported again is charged again under its
+spec. That is not only safe but exact: the memo was keyed by name and version too, so
+the device now draws a new permanent response for it, which composes with the old one.
 """
 
 from __future__ import annotations
@@ -101,6 +148,7 @@ import fcntl
 import hashlib
 import hmac
 import json
+import logging
 import math
 import os
 import secrets
@@ -112,18 +160,27 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from client.specs import SpecChangedError
 from shared.caps import within_cap
+from shared.schemas import MetricSpec
+from shared.spec_hash import SPEC_HASH_BYTES, canonical_json
 
 #: Most reports of one metric a single durable debit reserves for.
 MAX_RESERVED_REPORTS = 1024
 LEDGER_FILE = "ledger.json"
 LOCK_FILE = "ledger.lock"
 MARKER_FILE = "ledger.expected"
-FORMAT = 3
-#: Formats this code reads (1: no charged-key hashes; 2: no per-metric lifetime figures).
-READABLE_FORMATS = (1, 2, 3)
-#: Domain separation of the charged-key hashes from every other use of the secret.
-_VALUE_LABEL = b"ldp ledger value v1\x00"
+#: The high-water mark a restored older ledger is lifted to (module docstring).
+MARK_FILE = "ledger.mark"
+FORMAT = 4
+#: Formats this code reads (1: no charged-key hashes; 2: no per-metric lifetime figures;
+#: 3: no pins or generation, charged keys by name and version).
+READABLE_FORMATS = (1, 2, 3, 4)
+#: Format of ``ledger.mark``.
+MARK_FORMAT = 1
+#: Domain separation of the charged-key hashes from every other use of the secret
+#: (v1, formats 2 and 3: keyed by metric name and version; v2: by spec hash).
+_VALUE_LABEL = b"ldp ledger value v2\x00"
 #: Reports of one memo key in a period past which the period charge stays the same.
 _SATURATED = 2
 
@@ -140,16 +197,41 @@ class BudgetExhaustedError(LedgerError):
     """This report would exceed a cap; nothing was debited."""
 
 
+logger = logging.getLogger("ldp.client")
+
+
 @dataclass(frozen=True)
 class BudgetLimits:
-    """The device's caps on epsilon. ``math.inf`` means no cap of that kind."""
+    """The device's caps on epsilon. ``math.inf`` means no cap of that kind; every default
+    is finite, and an app raises a cap on purpose.
+
+    ``lifetime`` (default 1000) bounds everything the device ever spends. The period caps
+    bound the spending of a day (16 by default), but not its sum over the device's life,
+    and a memoized value's first report pays its period only ``epsilon_report`` while it
+    costs ``epsilon`` for life: a server that publishes new versions of a memoized
+    metric, each one a new memo charged anew, could otherwise raise the lifetime figure
+    without end. 1000 is a ceiling against that, not a meaningful privacy bound on its
+    own: about two months at the default period caps' ceiling, years at the few epsilon
+    a day a typical app spends. An app that reports daily for years raises it knowingly.
+
+    ``max_value_lifetime_epsilon`` (default 4) bounds what one memoized value may cost for
+    life (a memoized spec's ``epsilon``; RAPPOR: epsilon_infinity): a spec above it is
+    refused before anything is spent, however small its ``epsilon_report``. 4 is the
+    default per-report limit and the default per-metric cap of a period: any number of
+    reports of one value reveal no more than one report at the device's limit may, and a
+    value's second report in a period, which tops its period charge up to that epsilon,
+    fits the default period cap. The demo RAPPOR spec (h = 1, f = 0.5: epsilon_infinity =
+    2 ln 3 = 2.20) fits; RAPPOR's common h = 2, f = 0.5 (4 ln 3 = 4.39) needs it raised.
+    """
 
     per_metric_per_period: float = 4.0
     total_per_period: float = 16.0
-    lifetime: float = math.inf
+    lifetime: float = 1000.0
     period_seconds: float = 86_400.0
     #: Largest epsilon one report may carry: a spec above it is refused outright.
     max_epsilon_per_report: float = 4.0
+    #: Largest lifetime epsilon one memoized value may cost: a spec above it is refused.
+    max_value_lifetime_epsilon: float = 4.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -158,6 +240,7 @@ class BudgetLimits:
             "lifetime",
             "period_seconds",
             "max_epsilon_per_report",
+            "max_value_lifetime_epsilon",
         ):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and value > 0) or math.isnan(value):
@@ -255,6 +338,12 @@ class PrivacyLedger:
         with self._locked():
             state = self._read(create=True)
         self.device_secret = bytes.fromhex(state["device_secret"])
+        #: The spec hash (hex) pinned per (metric, version), as far as this object knows.
+        self._pins: dict[tuple[str, int], str] = {
+            (name, int(version)): pin["sha256"]
+            for name, versions in state["pins"].items()
+            for version, pin in versions.items()
+        }
         self._created: float = state["created"]
         self._high_water: float = state["clock"]
         #: Memo keys whose period charge is complete in period ``_saturated_period``.
@@ -270,13 +359,37 @@ class PrivacyLedger:
         with self._memory:
             self._draw(metric, epsilon)
 
-    def debit_memoized(self, metric: str, version: int, value: bytes, cost: MemoizedCost) -> None:
-        """Spend what one report of memo key ``value`` by a memoized mechanism costs (the
-        module docstring): ``cost.per_value`` for life on the key's first report ever, and
-        ``cost.period_charge`` this period. Or raise ``BudgetExhaustedError`` and spend
-        nothing."""
+    def pin(self, spec: MetricSpec, spec_hash: bytes) -> None:
+        """Pin ``spec_hash`` (``shared.spec_hash.spec_hash(spec)``) as the spec of
+        ``spec.name`` version ``spec.version`` on its first use (durably), or raise
+        ``SpecChangedError`` if another spec is pinned there, writing nothing. A spec
+        changes only with a new version: the module docstring."""
+        digest = _spec_hash_hex(spec_hash)
+        key = (spec.name, spec.version)
+        with self._memory:
+            if self._pins.get(key) == digest:
+                return
+            with self._locked():
+                state = self._read(create=False)
+                versions = state["pins"].setdefault(spec.name, {})
+                pinned = versions.get(str(spec.version))
+                if pinned is None:
+                    versions[str(spec.version)] = _pin_record(spec, digest)
+                    self._write(state)
+                elif pinned["sha256"] != digest:
+                    raise SpecChangedError(_spec_changed(spec, pinned, versions))
+            self._pins[key] = digest
+
+    def debit_memoized(
+        self, metric: str, spec_hash: bytes, value: bytes, cost: MemoizedCost
+    ) -> None:
+        """Spend what one report of memo key ``value`` by a memoized mechanism of the spec
+        ``spec_hash`` costs (the module docstring): ``cost.per_value`` for life on the
+        key's first report ever, and ``cost.period_charge`` this period. Or raise
+        ``BudgetExhaustedError`` and spend nothing."""
         self._check_report_epsilon(metric, cost.per_report)
-        key = self.value_key(metric, version, value)
+        self._check_value_epsilon(metric, cost.per_value)
+        key = self.value_key(spec_hash, value)
         with self._memory:
             now = self._high_water = max(self._high_water, self._clock())
             period = int((now - self._created) // self.limits.period_seconds)
@@ -284,17 +397,11 @@ class PrivacyLedger:
                 return
             self._charge_memoized(metric, key, cost)
 
-    def value_key(self, metric: str, version: int, value: bytes) -> str:
-        """HMAC-SHA256(device secret, label || len-prefixed metric || version || value), hex:
-        how the ledger recognises a memo key it has charged without keeping the value."""
-        name = metric.encode()
-        message = (
-            _VALUE_LABEL
-            + len(name).to_bytes(4, "big")
-            + name
-            + version.to_bytes(8, "big", signed=True)
-            + value
-        )
+    def value_key(self, spec_hash: bytes, value: bytes) -> str:
+        """HMAC-SHA256(device secret, label || spec hash (32 bytes) || value), hex: how the
+        ledger recognises a memo key of a spec it has charged without keeping the value."""
+        _spec_hash_hex(spec_hash)
+        message = _VALUE_LABEL + bytes(spec_hash) + value
         return hmac.new(self.device_secret, message, hashlib.sha256).hexdigest()
 
     def _check_report_epsilon(self, metric: str, epsilon: float) -> None:
@@ -304,6 +411,13 @@ class PrivacyLedger:
             raise BudgetExhaustedError(
                 f"{metric}: one report at epsilon {epsilon:g} exceeds this device's limit of "
                 f"{self.limits.max_epsilon_per_report:g} per report"
+            )
+
+    def _check_value_epsilon(self, metric: str, epsilon: float) -> None:
+        if epsilon > self.limits.max_value_lifetime_epsilon:
+            raise BudgetExhaustedError(
+                f"{metric}: one memoized value at lifetime epsilon {epsilon:g} exceeds this "
+                f"device's limit of {self.limits.max_value_lifetime_epsilon:g} per value"
             )
 
     def _draw(self, metric: str, epsilon: float) -> None:
@@ -443,23 +557,40 @@ class PrivacyLedger:
                 "spent_lifetime": 0.0,
                 "device_secret": secrets.token_bytes(32).hex(),
                 **_added_in_format_3(),
+                **_added_in_format_4(),
                 "charged_values": [],
             }
             self._write(state)
             _durable_touch(marker)
             return state
-        return _parse(raw, path)
+        state = _parse(raw, path)
+        mark_path = self.directory / MARK_FILE
+        try:
+            mark = _parse_mark(mark_path.read_bytes(), mark_path)
+        except FileNotFoundError:
+            return state  # a ledger older than marks, or a mark deleted: the next write makes one
+        if _lift(state, mark, path):
+            logger.warning(
+                "the privacy ledger %s was older than its high-water mark %s (a restored "
+                "copy?): lifted to the mark's spending (generation %d)",
+                path,
+                mark_path,
+                mark["generation"],
+            )
+            self._write(state)
+        return state
 
     def _write(self, state: dict[str, Any]) -> None:
+        """Write the next generation of ``state`` and its mark, both durable on return."""
+        state["generation"] += 1
         body = json.dumps(state, sort_keys=True, separators=(",", ":"))
-        document = json.dumps({"checksum": _checksum(body), "state": body}).encode()
-        path = self.directory / LEDGER_FILE
-        temporary = path.with_suffix(".tmp")
-        with open(temporary, "wb") as handle:
-            handle.write(document)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
+        _replace(self.directory / LEDGER_FILE, {"checksum": _checksum(body), "state": body})
+        mark = json.dumps(
+            {"format": MARK_FORMAT, **{field: state[field] for field in _MARK_FIELDS}},
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+        _replace(self.directory / MARK_FILE, {"checksum": _checksum(mark), "mark": mark})
         _fsync_directory(self.directory)
 
     def _advance(self, state: dict[str, Any]) -> dict[str, Any]:
@@ -545,6 +676,114 @@ def _added_in_format_3() -> dict[str, dict[str, Any]]:
     return {"lifetime_per_metric": {}, "memoized_values_per_metric": {}, "reported_this_period": {}}
 
 
+def _added_in_format_4() -> dict[str, Any]:
+    """The fields format 4 added, empty: what a new ledger and an older one start with."""
+    return {"pins": {}, "generation": 0}
+
+
+#: What ``ledger.mark`` keeps of the ledger: every figure a rollback could lower.
+_MARK_FIELDS = (
+    "generation",
+    "created",
+    "clock",
+    "period",
+    "spent_per_metric",
+    "spent_this_period",
+    "spent_lifetime",
+    "lifetime_per_metric",
+    "memoized_values_per_metric",
+    "pins",
+)
+
+
+def _lift(state: dict[str, Any], mark: dict[str, Any], path: Path) -> bool:
+    """Raise every figure of ``state`` to the mark's, unless the ledger is newer than the
+    mark (module docstring); whether anything rose."""
+    if mark["created"] != state["created"]:
+        raise LedgerCorruptError(
+            f"the privacy ledger {path} and its high-water mark {MARK_FILE} belong to different "
+            "ledgers (created at different times); refusing to report (restore the matching "
+            "pair, or reset the device's state on purpose)"
+        )
+    if state["generation"] > mark["generation"]:
+        return False
+    lifted = False
+
+    def at_least(counts: dict[str, Any], key: str, value: Any) -> None:
+        nonlocal lifted
+        if counts.get(key, 0) < value:
+            counts[key] = value
+            lifted = True
+
+    at_least(state, "clock", mark["clock"])
+    if mark["period"] > state["period"]:
+        state.update(period=mark["period"], spent_per_metric={}, spent_this_period=0.0)
+        state["reported_this_period"] = {}
+    if mark["period"] == state["period"]:
+        at_least(state, "spent_this_period", mark["spent_this_period"])
+        for metric, spent in mark["spent_per_metric"].items():
+            at_least(state["spent_per_metric"], metric, spent)
+    at_least(state, "spent_lifetime", mark["spent_lifetime"])
+    for field in ("lifetime_per_metric", "memoized_values_per_metric"):
+        for metric, figure in mark[field].items():
+            at_least(state[field], metric, figure)
+    for name, versions in mark["pins"].items():
+        own = state["pins"].setdefault(name, {})
+        for version, pin in versions.items():
+            if own.get(version) != pin:
+                own[version] = pin
+                lifted = True
+    state["generation"] = mark["generation"]
+    return lifted
+
+
+def _pin_record(spec: MetricSpec, digest: str) -> dict[str, Any]:
+    """What the ledger keeps of a pinned spec: its hash, and enough to say what changed."""
+    labels = None if spec.labels is None else list(spec.labels)
+    return {
+        "sha256": digest,
+        "mechanism": spec.mechanism.model_dump(mode="json"),
+        "labels_sha256": None if labels is None else _checksum(canonical_json(labels)),
+    }
+
+
+def _spec_changed(spec: MetricSpec, pinned: dict[str, Any], versions: dict[str, Any]) -> str:
+    """The message of a ``SpecChangedError``: what changed and what to do."""
+    served = _pin_record(spec, "")
+    before, after = pinned["mechanism"], served["mechanism"]
+    changes = [
+        f"{field} {_shown(before.get(field))} -> {_shown(after.get(field))}"
+        for field in sorted(before.keys() | after.keys())
+        if before.get(field) != after.get(field)
+    ]
+    if pinned["labels_sha256"] != served["labels_sha256"]:
+        changes.append("different labels")
+    highest = max(int(version) for version in versions)
+    return (
+        f"{spec.name} version {spec.version} is now served with a different spec "
+        f"({', '.join(changes) or 'its name or version encoding'}) from the one this device "
+        "reported under that name and version; refused, nothing was spent or queued. A "
+        "device never reuses a version's permanent randomness or budget for another spec: "
+        "the aggregator must publish a changed spec as a new version (redefining the metric "
+        "makes one). If its database was recreated and its versions restarted, publish the "
+        f"metric under a new name, or with versions past {highest}, the highest this device "
+        "has used."
+    )
+
+
+def _shown(value: object) -> str:
+    """A spec field's value in a message: numbers as ``%g`` writes them, absent as unset."""
+    if value is None:
+        return "unset"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _spec_hash_hex(spec_hash: bytes) -> str:
+    if len(spec_hash) != SPEC_HASH_BYTES:
+        raise ValueError(f"a spec hash has {SPEC_HASH_BYTES} bytes, got {len(spec_hash)}")
+    return bytes(spec_hash).hex()
+
+
 def _utc_text(seconds: float) -> str:
     """Unix ``seconds`` as an ISO 8601 UTC time to the nearest second, such as
     ``2026-11-22T10:00:00Z`` (past the year 9999, which ISO 8601 cannot write in four
@@ -559,19 +798,29 @@ def _checksum(body: str) -> str:
     return hashlib.sha256(body.encode()).hexdigest()
 
 
+def _checked_body(raw: bytes, field: str) -> dict[str, Any]:
+    """The object a ledger or mark document (``{"checksum": ..., field: body}``) holds,
+    once its checksum matches; ValueError (or KeyError, TypeError) otherwise."""
+    document = json.loads(raw)
+    body = document[field]
+    if not isinstance(body, str) or _checksum(body) != document["checksum"]:
+        raise ValueError("checksum mismatch")
+    parsed = json.loads(body)
+    if not isinstance(parsed, dict):
+        raise ValueError(f"the {field} is not an object")
+    return parsed
+
+
 def _parse(raw: bytes, path: Path) -> dict[str, Any]:
     try:
-        document = json.loads(raw)
-        body = document["state"]
-        if not isinstance(body, str) or _checksum(body) != document["checksum"]:
-            raise ValueError("checksum mismatch")
-        state = json.loads(body)
+        state = _checked_body(raw, "state")
         if state.get("format") not in READABLE_FORMATS:
             raise ValueError(f"unknown format {state.get('format')!r}")
-        if state["format"] == 1:
-            state["charged_values"] = []
         if state["format"] < 3:
             state.update(_added_in_format_3())
+        if state["format"] < 4:
+            # Charged-key hashes by name and version (v1) never match a v2 one: dropped.
+            state.update(_added_in_format_4(), charged_values=[], reported_this_period={})
         state["format"] = FORMAT
         _check_state(state)
     except (ValueError, KeyError, TypeError, AttributeError) as error:
@@ -581,13 +830,34 @@ def _parse(raw: bytes, path: Path) -> dict[str, Any]:
     return state
 
 
+def _parse_mark(raw: bytes, path: Path) -> dict[str, Any]:
+    try:
+        mark = _checked_body(raw, "mark")
+        if mark.get("format") != MARK_FORMAT:
+            raise ValueError(f"unknown format {mark.get('format')!r}")
+        _check_figures(mark)
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise LedgerCorruptError(
+            f"the privacy ledger's high-water mark {path} is corrupt ({error}); refusing to "
+            "report (delete it to trust the ledger beside it as it is)"
+        ) from None
+    return mark
+
+
 def _check_state(state: dict[str, Any]) -> None:
     """Raise ValueError (or KeyError, TypeError) naming what is wrong with a parsed state."""
+    _check_figures(state)
+    _check_keys(state)
+
+
+def _check_figures(state: dict[str, Any]) -> None:
+    """Check the fields a ledger and its mark share (``_MARK_FIELDS``)."""
     for key in ("created", "clock", "spent_this_period", "spent_lifetime"):
         if not isinstance(state[key], int | float) or not math.isfinite(state[key]):
             raise ValueError(f"bad {key}")
-    if not isinstance(state["period"], int):
-        raise ValueError("bad period")
+    for key in ("period", "generation"):
+        if type(state[key]) is not int or state[key] < 0:
+            raise ValueError(f"bad {key}")
     for key in ("spent_this_period", "spent_lifetime"):
         if state[key] < 0:
             raise ValueError(f"negative {key}")
@@ -602,6 +872,33 @@ def _check_state(state: dict[str, Any]) -> None:
         type(count) is int and count > 0 for count in counts.values()
     ):
         raise ValueError("bad memoized_values_per_metric")
+    pins = state["pins"]
+    if not isinstance(pins, dict) or not all(
+        isinstance(versions, dict)
+        and all(_is_version(version) and _is_pin(pin) for version, pin in versions.items())
+        for versions in pins.values()
+    ):
+        raise ValueError("bad pins")
+
+
+def _is_version(version: str) -> bool:
+    """Whether ``version`` is a metric version as the pins write it: ASCII digits."""
+    return version.isascii() and version.isdigit()
+
+
+def _is_pin(pin: object) -> bool:
+    """Whether ``pin`` is a pinned spec: ``{"sha256", "mechanism", "labels_sha256"}``."""
+    return (
+        isinstance(pin, dict)
+        and pin.keys() == {"sha256", "mechanism", "labels_sha256"}
+        and _is_key(pin["sha256"])
+        and isinstance(pin["mechanism"], dict)
+        and (pin["labels_sha256"] is None or _is_key(pin["labels_sha256"]))
+    )
+
+
+def _check_keys(state: dict[str, Any]) -> None:
+    """Check the ledger's own fields: the secret and the charged-key hashes."""
     bytes.fromhex(state["device_secret"])
     charged = state["charged_values"]
     if not isinstance(charged, list) or not all(_is_key(key) for key in charged):
@@ -614,7 +911,7 @@ def _check_state(state: dict[str, Any]) -> None:
 
 
 def _is_key(key: object) -> bool:
-    """Whether ``key`` is a charged-key hash: 64 hexadecimal digits."""
+    """Whether ``key`` is a SHA-256 in hexadecimal (a charged-key hash, a spec hash)."""
     if not isinstance(key, str) or len(key) != 64:
         return False
     try:
@@ -622,6 +919,17 @@ def _is_key(key: object) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _replace(path: Path, document: dict[str, str]) -> None:
+    """Write ``document`` as JSON to a temporary file beside ``path``, fsync it and rename
+    it over ``path`` (the caller fsyncs the directory)."""
+    temporary = path.with_name(path.name + ".tmp")
+    with open(temporary, "wb") as handle:
+        handle.write(json.dumps(document).encode())
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
 
 
 def _durable_touch(path: Path) -> None:

@@ -15,17 +15,26 @@ open-domain mechanisms ``cms``, ``hcms``, ``pem`` and ``sfp``. A string is check
 ``str`` whose UTF-8 bytes fit the metric's ``max_length`` (``pem``, ``sfp``). The
 open-domain mechanisms are one-shot: each report is charged the metric's ``epsilon``,
 as ``record`` charges a categorical report. What ``pem`` assigns a device for life (its
-group of prefix lengths) comes from the device's memo for the metric version (below),
-so a device always reports in the same group.
+group of prefix lengths) comes from the device's memo for the spec (below), so a device
+always reports in the same group.
+
+Before a metric's spec is first used, the device checks it against its own limits
+(``BudgetLimits``: the epsilon of one report, the lifetime epsilon of one memoized value,
+the lifetime total), refusing it with ``SpecError``, and pins it in the ledger under its
+name and version (``PrivacyLedger.pin``): a different spec served later under the same
+name and version is ``SpecChangedError``. Nothing is spent or queued by a refused spec.
 
 Memoized metrics (``lgrr``, ``lsue``, ``loue``, ``losue``, ``dbitflip``, ``onebitmean``,
 and ``rappor`` through ``record_string``) answer from a permanent response that is the
 same for every report of one value, so that repeated reports do not average the noise
 away. It is recomputed on every report from the device secret kept in the privacy ledger
-(``shared.memo.KeyedMemo(secret, memo_scope(metric, version))``, whose streams are
-domain-separated from the ledger's own use of the secret), never stored: it survives
-restarts, and is lost with the secret. The ledger charges (``client/ledger.py``) the
-metric's ``epsilon`` once per distinct memo key for life (RAPPOR: epsilon_infinity), and
+(``shared.memo.KeyedMemo(secret, spec_scope(spec_hash))``, RAPPOR from
+``rappor_secret(secret, spec_hash)``), never stored: it survives restarts, and is lost
+with the secret. Both are bound to the exact spec (``shared.spec_hash.spec_hash``, the
+SHA-256 of its canonical JSON), never to the metric's name and version alone, so two
+specs never share randomness, and both are domain-separated from the ledger's own use of
+the secret. The ledger charges (``client/ledger.py``) the metric's ``epsilon`` once per
+distinct memo key of the spec for life (RAPPOR: epsilon_infinity), and
 ``epsilon_report`` (epsilon_one) to the period for a key's first report in it, topping
 up to ``epsilon`` on a second; the charge is durable before the report is made.
 
@@ -44,8 +53,6 @@ from __future__ import annotations
 
 import fcntl
 import functools
-import hashlib
-import hmac
 import math
 import os
 import ssl
@@ -63,13 +70,16 @@ from client.ledger import BudgetLimits, BudgetStatus, MemoizedCost, PrivacyLedge
 from client.outbox import Outbox
 from client.specs import SpecCache, SpecError
 from client.transport import RetryPolicy, ServerClock, Uploader
+from shared.hashing import keyed_digest
 from shared.mechanisms import Mechanism, Rappor, make_mechanism
 from shared.mechanisms.memoized import MemoizedMechanism
 from shared.mechanisms.strings import OpenStringMechanism, utf8_values
-from shared.memo import KeyedMemo, memo_scope
+from shared.memo import KeyedMemo, spec_scope
 from shared.schemas import MechanismSpec, MetricSpec
 
 DIRECTORY_LOCK_FILE = "client.lock"
+#: Domain separation of a spec's RAPPOR secret from every other use of the device secret.
+RAPPOR_SECRET_LABEL = b"ldp rappor secret v2\x00"
 #: The outbox counter keeping the aggregator's clock offset (whole seconds, rounded down).
 _OFFSET_COUNTER = "clock_offset_seconds"
 
@@ -120,8 +130,9 @@ class TelemetryClient:
             event_hooks={"response": [self._server_clock.observe]},
         )
         self._specs = SpecCache(state, self._fetch_specs, spec_refresh_seconds)
-        self._mechanisms: dict[tuple[str, int], Mechanism] = {}
-        self._memos: dict[tuple[str, int], KeyedMemo] = {}
+        #: Mechanisms and memos by spec hash: specs checked against the limits and pinned.
+        self._mechanisms: dict[bytes, Mechanism] = {}
+        self._memos: dict[bytes, KeyedMemo] = {}
         self._uploader = Uploader(
             self._outbox, self._post_batch, batch_size, upload_interval, retry, on_tick=self._tick
         )
@@ -131,7 +142,7 @@ class TelemetryClient:
 
     def record(self, metric: str, value: str | int | float | np.integer | np.floating) -> None:
         """Report a category (its label, or its index) or a number for ``metric``."""
-        spec, mechanism = self._lookup(metric)
+        spec, digest, mechanism = self._lookup(metric)
         kind = spec.mechanism.kind
         if kind == "string":
             raise SpecError(
@@ -141,10 +152,10 @@ class TelemetryClient:
             category_index(spec, value) if kind == "categorical" else numeric_value(metric, value)
         )
         if isinstance(mechanism, MemoizedMechanism):
-            memo = self._memo(spec)
+            memo = self._memo(digest)
             key = int(mechanism.memo_keys(encoded, memo)[0])
             cost = memoized_cost(mechanism)
-            self._ledger.debit_memoized(metric, spec.version, memo_key_bytes(key), cost)
+            self._ledger.debit_memoized(metric, digest, memo_key_bytes(key), cost)
             # Every memoized mechanism's encode takes the memo (shared.mechanisms.memoized).
             reports = mechanism.encode(encoded, memo=memo)
         else:
@@ -153,19 +164,19 @@ class TelemetryClient:
         self._enqueue(spec, mechanism.to_payloads(reports)[0])
 
     def record_string(self, metric: str, value: str) -> None:
-        """Report a string for a string metric: RAPPOR (memoized per device and metric), or
+        """Report a string for a string metric: RAPPOR (memoized per device and spec), or
         ``cms``, ``hcms``, ``pem``, ``sfp`` (one report, charged ``epsilon``)."""
-        spec, mechanism = self._lookup(metric)
+        spec, digest, mechanism = self._lookup(metric)
         if isinstance(mechanism, OpenStringMechanism):
             checked_string(metric, value, spec.mechanism.max_length)
             self._ledger.debit(metric, spec.mechanism.epsilon)
-            reports = mechanism.encode([value], memo=self._memo(spec))
+            reports = mechanism.encode([value], memo=self._memo(digest))
         elif isinstance(mechanism, Rappor):
             encoded = checked_string(metric, value)
             cost = memoized_cost(mechanism)
-            secret = hmac.new(self._ledger.device_secret, metric.encode(), hashlib.sha256).digest()
+            secret = rappor_secret(self._ledger.device_secret, digest)
             cohort = mechanism.assign_cohort(secret)
-            self._ledger.debit_memoized(metric, spec.version, encoded, cost)
+            self._ledger.debit_memoized(metric, digest, encoded, cost)
             reports = mechanism.encode([value], np.array([cohort]), [secret])
         else:
             raise SpecError(f"{metric} is a {spec.mechanism.kind} metric: use record")
@@ -220,31 +231,27 @@ class TelemetryClient:
 
     # --- internals ---------------------------------------------------------------------
 
-    def _lookup(self, metric: str) -> tuple[MetricSpec, Mechanism]:
+    def _lookup(self, metric: str) -> tuple[MetricSpec, bytes, Mechanism]:
+        """The metric's current spec, its spec hash and its mechanism; on the first use of
+        a spec, checked against the device's limits and pinned in the ledger (or
+        ``SpecError``, ``SpecChangedError``: nothing spent or queued)."""
         if self._closed:
             raise RuntimeError("the telemetry client is closed")
-        spec = self._specs.get(metric)
-        epsilon = report_epsilon(spec.mechanism)
-        if epsilon > self.limits.max_epsilon_per_report:
-            raise SpecError(
-                f"{metric} version {spec.version} asks for epsilon {epsilon:g} "
-                f"per report, above this device's limit of "
-                f"{self.limits.max_epsilon_per_report:g}: refused"
-            )
-        key = (spec.name, spec.version)
-        mechanism = self._mechanisms.get(key)
+        spec, digest = self._specs.get_hashed(metric)
+        mechanism = self._mechanisms.get(digest)
         if mechanism is None:
-            mechanism = self._mechanisms[key] = make_mechanism(spec.mechanism)
-        return spec, mechanism
+            mechanism = make_mechanism(spec.mechanism)
+            check_limits(spec, mechanism, self.limits)
+            self._ledger.pin(spec, digest)
+            self._mechanisms[digest] = mechanism
+        return spec, digest, mechanism
 
-    def _memo(self, spec: MetricSpec) -> KeyedMemo:
-        """The device's memo for a metric version (kept while the client lives, so that
-        its streams are hashed once)."""
-        key = (spec.name, spec.version)
-        memo = self._memos.get(key)
+    def _memo(self, digest: bytes) -> KeyedMemo:
+        """The device's memo for the spec of hash ``digest`` (kept while the client lives,
+        so that its streams are hashed once)."""
+        memo = self._memos.get(digest)
         if memo is None:
-            scope = memo_scope(spec.name, spec.version)
-            memo = self._memos[key] = KeyedMemo(self._ledger.device_secret, scope)
+            memo = self._memos[digest] = KeyedMemo(self._ledger.device_secret, spec_scope(digest))
         return memo
 
     def _enqueue(self, spec: MetricSpec, payload: dict[str, Any]) -> None:
@@ -302,6 +309,39 @@ def memoized_cost(mechanism: Mechanism) -> MemoizedCost:
     else:
         raise SpecError(f"{mechanism.name} is not a memoized mechanism")
     return MemoizedCost(per_value, per_report)
+
+
+def check_limits(spec: MetricSpec, mechanism: Mechanism, limits: BudgetLimits) -> None:
+    """Refuse (``SpecError``) a spec whose one report, or one memoized value for life,
+    would cost more than the device's limit of that kind, or than its lifetime total."""
+    name = f"{spec.name} version {spec.version}"
+    per_report = report_epsilon(spec.mechanism)
+    if per_report > limits.max_epsilon_per_report:
+        raise SpecError(
+            f"{name} asks for epsilon {per_report:g} per report, above this device's limit "
+            f"of {limits.max_epsilon_per_report:g}: refused"
+        )
+    most = per_report
+    if isinstance(mechanism, MemoizedMechanism | Rappor):
+        most = memoized_cost(mechanism).per_value
+        if most > limits.max_value_lifetime_epsilon:
+            raise SpecError(
+                f"{name} charges epsilon {most:g} for life per value it memoizes, above this "
+                f"device's limit of {limits.max_value_lifetime_epsilon:g} per value "
+                "(BudgetLimits.max_value_lifetime_epsilon): refused"
+            )
+    if most > limits.lifetime:
+        raise SpecError(
+            f"{name} charges epsilon {most:g} at once, above this device's lifetime total of "
+            f"{limits.lifetime:g}: refused"
+        )
+
+
+def rappor_secret(device_secret: bytes, spec_hash: bytes) -> bytes:
+    """HMAC-SHA256(device secret, ``RAPPOR_SECRET_LABEL`` || spec hash): the secret of the
+    device's RAPPOR cohort and permanent responses for one spec (never for a metric name
+    alone: two versions, or two specs under one version, get independent ones)."""
+    return keyed_digest(device_secret, RAPPOR_SECRET_LABEL + spec_hash)
 
 
 def report_epsilon(spec: MechanismSpec) -> float:

@@ -5,6 +5,12 @@
 exceeds its own limits. The last good list is kept in ``specs.json`` (written to a
 temporary file, fsynced, renamed), so a device that starts offline still knows its
 metrics, and refreshed every ``refresh_seconds``.
+
+Each spec is installed with its identity, ``shared.spec_hash.spec_hash`` (SHA-256 of its
+canonical JSON), computed once per fetch: what the device's memo, RAPPOR secret and
+ledger keys are bound to, and what the ledger pins per name and version on first use
+(``client.ledger.PrivacyLedger.pin``), refusing a different spec later with
+``SpecChangedError``.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from shared.schemas import MetricSpec
+from shared.spec_hash import spec_hash
 
 SPECS_FILE = "specs.json"
 #: Seconds between attempts to fetch the specs after a failure.
@@ -28,6 +35,12 @@ RETRY_SECONDS = 60.0
 
 class SpecError(Exception):
     """A metric cannot be recorded: unknown, unverifiable, or beyond the device's limits."""
+
+
+class SpecChangedError(SpecError):
+    """The aggregator serves a metric version with a spec other than the one this device
+    used under that name and version; nothing was spent or queued. A spec changes only
+    with a new version."""
 
 
 class SpecCache:
@@ -43,7 +56,7 @@ class SpecCache:
         self._fetch = fetch
         self.refresh_seconds = refresh_seconds
         self._lock = threading.Lock()
-        self._specs: dict[str, MetricSpec] = {}
+        self._specs: dict[str, tuple[MetricSpec, bytes]] = {}
         self._problems: dict[str, str] = {}
         self._fetched_at = -float("inf")
         self._retry_at = -float("inf")
@@ -53,6 +66,10 @@ class SpecCache:
 
     def get(self, name: str) -> MetricSpec:
         """The spec of ``name``, fetching the list first if ``name`` is not known yet."""
+        return self.get_hashed(name)[0]
+
+    def get_hashed(self, name: str) -> tuple[MetricSpec, bytes]:
+        """The spec of ``name`` and its ``spec_hash`` (as ``get``)."""
         with self._lock:
             found = self._specs.get(name)
         if found is None:
@@ -90,7 +107,7 @@ class SpecCache:
         return True
 
     def _install(self, items: list[dict[str, Any]]) -> None:
-        specs: dict[str, MetricSpec] = {}
+        specs: dict[str, tuple[MetricSpec, bytes]] = {}
         problems: dict[str, str] = {}
         for item in items if isinstance(items, list) else []:
             name = item.get("name") if isinstance(item, dict) else None
@@ -100,7 +117,7 @@ class SpecCache:
                 if isinstance(name, str):
                     problems[name] = f"metric {name!r} has a spec this SDK cannot verify: {error}"
                 continue
-            specs[spec.name] = spec
+            specs[spec.name] = (spec, spec_hash(spec))
         with self._lock:
             self._specs, self._problems = specs, problems
 

@@ -1,9 +1,15 @@
-"""Privacy accounting: (epsilon, delta) of the Poisson-subsampled Gaussian mechanism.
+"""Privacy accounting: (epsilon, delta) of the Poisson-subsampled Gaussian mechanism,
+continuous or discrete.
 
 :func:`gaussian_epsilon`, :func:`calibrate_noise_multiplier` and the rounds accountant
 cover the mechanism behind DP-SGD (Abadi et al. 2016) and, with users in place of
 examples, DP-FedAvg (McMahan et al. 2018). They delegate to Google's ``dp-accounting``
-package rather than re-deriving the bounds by hand. Pure epsilon budgets (basic
+package rather than re-deriving the bounds by hand. The same releases made with exact
+**discrete** Gaussian noise on an integer lattice (what the federated code runs; see
+:mod:`shared.federated.lattice`) are accounted by their zCDP bound instead
+(``mechanism="discrete_gaussian"``, :func:`discrete_gaussian_rdp`): the privacy loss
+distribution of the continuous Gaussian, which the PLD accountant uses, is not proven to
+bound the discrete one, its Renyi divergences are. Pure epsilon budgets (basic
 composition, a sum of epsilons against a cap) are :mod:`shared.caps`.
 
 This module is imported by the on-device client, so it must stay light: it imports neither
@@ -21,15 +27,23 @@ References:
       Using FFT*. AISTATS 2020.
     - V. Doroshenko, B. Ghazi, P. Kamath, R. Kumar, P. Manurangsi. *Connect the Dots: Tighter
       Discrete Approximations of Privacy Loss Distributions*. PETS 2022.
+    - C. Canonne, G. Kamath, T. Steinke. *The Discrete Gaussian for Differential Privacy*.
+      NeurIPS 2020.
+    - Y. Zhu, Y.-X. Wang. *Poisson Subsampled Renyi Differential Privacy*. ICML 2019.
+    - P. Kairouz, Z. Liu, T. Steinke. *The Distributed Discrete Gaussian Mechanism for
+      Federated Learning with Secure Aggregation*. ICML 2021.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
+
+import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover - typing only, never executed at runtime
     from dp_accounting import DpEvent, PrivacyAccountant
@@ -41,8 +55,12 @@ __all__ = [
     "MAX_PLD_POINTS",
     "AccountingMethod",
     "GaussianRoundsAccountant",
+    "NoiseMechanism",
     "Releases",
     "calibrate_noise_multiplier",
+    "discrete_gaussian_rdp",
+    "discrete_gaussian_releases_epsilon",
+    "discrete_gaussian_sum_multiplier",
     "gaussian_epsilon",
     "gaussian_rounds_epsilon",
     "pld_discretization",
@@ -52,6 +70,10 @@ __all__ = [
 
 AccountingMethod = Literal["pld", "rdp"]
 _METHODS: tuple[str, ...] = ("pld", "rdp")
+#: The noise a release adds: the continuous Gaussian, or the exact discrete Gaussian on a
+#: lattice (accounted by its Renyi divergences whatever the method: see the module doc).
+NoiseMechanism = Literal["gaussian", "discrete_gaussian"]
+_MECHANISMS: tuple[str, ...] = ("gaussian", "discrete_gaussian")
 
 #: Default absolute tolerance on the noise multiplier returned by
 #: :func:`calibrate_noise_multiplier`; gives at least 3 significant digits for z >= 0.01.
@@ -121,6 +143,14 @@ def _check_steps(steps: object) -> int:
     if not isinstance(steps, numbers.Integral) or isinstance(steps, bool) or int(steps) < 1:
         raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
     return int(steps)
+
+
+def _check_mechanism(mechanism: object) -> NoiseMechanism:
+    if mechanism == "gaussian":
+        return "gaussian"
+    if mechanism == "discrete_gaussian":
+        return "discrete_gaussian"
+    raise ValueError(f"mechanism must be one of {_MECHANISMS}, got {mechanism!r}")
 
 
 def _check_method(method: object) -> AccountingMethod:
@@ -240,10 +270,11 @@ def _rounds_epsilon(
     delta: float,
     method: AccountingMethod,
     value_discretization_interval: float,
+    mechanism: NoiseMechanism = "gaussian",
 ) -> float:
     """Epsilon of validated, non-empty ``rounds`` at one sampling rate."""
     return _releases_epsilon(
-        _at_rate(rounds, sample_rate), delta, method, value_discretization_interval
+        _at_rate(rounds, sample_rate), delta, method, value_discretization_interval, mechanism
     )
 
 
@@ -252,12 +283,16 @@ def _releases_epsilon(
     delta: float,
     method: AccountingMethod,
     value_discretization_interval: float,
+    mechanism: NoiseMechanism = "gaussian",
 ) -> float:
     """Epsilon of validated, non-empty ``releases``; PLD on a grid of bounded size.
 
     Losses so large that the PLD grid's interval overflows a float's exponential are
-    answered with ``inf``, an upper bound like any other.
+    answered with ``inf``, an upper bound like any other. Discrete Gaussian releases are
+    answered by :func:`_discrete_releases_epsilon`, whatever the method.
     """
+    if mechanism == "discrete_gaussian":
+        return _discrete_releases_epsilon(releases, delta)
     interval = value_discretization_interval
     if method == "pld":
         interval = releases_discretization(releases, interval)
@@ -276,6 +311,7 @@ def gaussian_epsilon(
     method: AccountingMethod = "pld",
     *,
     value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
+    mechanism: NoiseMechanism = "gaussian",
 ) -> float:
     """Epsilon at ``delta`` of ``steps`` rounds of the Poisson-subsampled Gaussian mechanism.
 
@@ -310,6 +346,8 @@ def gaussian_epsilon(
         delta: target delta in (0, 1).
         method: ``"pld"`` (default) or ``"rdp"``.
         value_discretization_interval: PLD discretization step (ignored for RDP); finite > 0.
+        mechanism: ``"gaussian"`` (default) or ``"discrete_gaussian"``, whose releases are
+            accounted by :func:`discrete_gaussian_rdp` whatever the method.
 
     Returns:
         The smallest epsilon such that the composed mechanism is ``(epsilon, delta)``-DP
@@ -324,7 +362,7 @@ def gaussian_epsilon(
     d = _check_delta(delta)
     m = _check_method(method)
     vdi = _positive_finite("value_discretization_interval", value_discretization_interval)
-    return _rounds_epsilon({z: t}, q, d, m, vdi)
+    return _rounds_epsilon({z: t}, q, d, m, vdi, _check_mechanism(mechanism))
 
 
 def calibrate_noise_multiplier(
@@ -336,9 +374,11 @@ def calibrate_noise_multiplier(
     *,
     tol: float = DEFAULT_CALIBRATION_TOL,
     value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
+    mechanism: NoiseMechanism = "gaussian",
 ) -> float:
     """Smallest noise multiplier ``z`` whose ``steps``-fold subsampled Gaussian is
-    ``(target_epsilon, delta)``-DP.
+    ``(target_epsilon, delta)``-DP (``mechanism="discrete_gaussian"``: its discrete
+    counterpart, by :func:`discrete_gaussian_rdp`; one stage, as by RDP).
 
     Epsilon (as computed by :func:`gaussian_epsilon`) is decreasing in ``z``, so this
     solves ``eps(z) = target_epsilon`` by Brent's method (``scipy.optimize.brentq``) on a
@@ -384,6 +424,7 @@ def calibrate_noise_multiplier(
     m = _check_method(method)
     tolerance = _positive_finite("tol", tol)
     vdi = _positive_finite("value_discretization_interval", value_discretization_interval)
+    noise = _check_mechanism(mechanism)
 
     def gap(use: AccountingMethod) -> Callable[[float], float]:
         """``eps(z) - target`` by ``use``, refused past the evaluation budget."""
@@ -397,11 +438,11 @@ def calibrate_noise_multiplier(
                     f"no noise multiplier reaches epsilon {eps:g} at delta={d:g} over {t} "
                     f"rounds at q={q:g} within {MAX_CALIBRATION_EVALUATIONS} {use} evaluations"
                 )
-            return _rounds_epsilon({z: t}, q, d, use, vdi) - eps
+            return _rounds_epsilon({z: t}, q, d, use, vdi, noise) - eps
 
         return over
 
-    if m == "rdp":
+    if m == "rdp" or noise == "discrete_gaussian":
         return _solve_decreasing(gap("rdp"), 1.0, 0.5, tolerance)
     try:
         start = _solve_decreasing(gap("rdp"), 1.0, 0.5, tolerance)
@@ -439,6 +480,7 @@ def gaussian_rounds_epsilon(
     method: AccountingMethod = "pld",
     *,
     value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
+    mechanism: NoiseMechanism = "gaussian",
 ) -> float:
     """Epsilon at ``delta`` of rounds of the Poisson-subsampled Gaussian whose noise differs.
 
@@ -455,6 +497,7 @@ def gaussian_rounds_epsilon(
         delta,
         method,
         value_discretization_interval=value_discretization_interval,
+        mechanism=mechanism,
     )
 
 
@@ -464,6 +507,7 @@ def releases_epsilon(
     method: AccountingMethod = "pld",
     *,
     value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
+    mechanism: NoiseMechanism = "gaussian",
 ) -> float:
     """Epsilon at ``delta`` of Poisson-subsampled Gaussian releases whose parameters differ.
 
@@ -473,7 +517,9 @@ def releases_epsilon(
     ``SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(z)), count)`` are
     composed in one accountant (RDP adds the orders' divergences, PLD convolves the loss
     distributions, on a grid of at most about ``MAX_PLD_POINTS`` points). No releases at
-    all spend nothing: epsilon 0.
+    all spend nothing: epsilon 0. ``mechanism="discrete_gaussian"``: the releases add
+    exact discrete Gaussian noise and are accounted by
+    :func:`discrete_gaussian_releases_epsilon`, whatever the method.
 
     Raises:
         ValueError: on any invalid argument; the message names it and its value.
@@ -481,13 +527,14 @@ def releases_epsilon(
     d = _check_delta(delta)
     m = _check_method(method)
     vdi = _positive_finite("value_discretization_interval", value_discretization_interval)
+    noise = _check_mechanism(mechanism)
     checked: Releases = {}
     for (z, q), count in releases.items():
         key = (_positive_finite("noise_multiplier", z), _check_sample_rate(q))
         checked[key] = checked.get(key, 0) + _check_steps(count)
     if not checked:
         return 0.0
-    return _releases_epsilon(checked, d, m, vdi)
+    return _releases_epsilon(checked, d, m, vdi, noise)
 
 
 @dataclass
@@ -498,7 +545,8 @@ class GaussianRoundsAccountant:
     :func:`gaussian_rounds_epsilon` for them. ``epsilon_after(z, count)`` says what
     ``count`` more releases at ``z`` would bring the total to (one federated round, or a
     silo's DP-SGD steps of one round), so that a caller can refuse a round before it
-    runs. A pure-math object: no I/O, persistence is the caller's (``rounds`` is a plain
+    runs. ``mechanism`` says which noise the releases add (see :func:`releases_epsilon`).
+    A pure-math object: no I/O, persistence is the caller's (``rounds`` is a plain
     dict of floats to ints).
     """
 
@@ -507,11 +555,13 @@ class GaussianRoundsAccountant:
     method: AccountingMethod = "pld"
     rounds: dict[float, int] | None = None
     value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL
+    mechanism: NoiseMechanism = "gaussian"
 
     def __post_init__(self) -> None:
         self.sample_rate = _check_sample_rate(self.sample_rate)
         self.delta = _check_delta(self.delta)
         self.method = _check_method(self.method)
+        self.mechanism = _check_mechanism(self.mechanism)
         self.rounds = {} if self.rounds is None else dict(self.rounds)
 
     def _with(self, noise_multiplier: float, count: int) -> dict[float, int]:
@@ -526,6 +576,7 @@ class GaussianRoundsAccountant:
             self.delta,
             self.method,
             value_discretization_interval=self.value_discretization_interval,
+            mechanism=self.mechanism,
         )
 
     def epsilon(self) -> float:
@@ -541,3 +592,127 @@ class GaussianRoundsAccountant:
     def record(self, noise_multiplier: float, count: int = 1) -> None:
         """Count ``count`` releases run at ``noise_multiplier``."""
         self.rounds = self._with(noise_multiplier, count)
+
+
+# --------------------------------------------------------------------------------------
+# The discrete Gaussian: zCDP, Poisson subsampling, sums of shares
+# --------------------------------------------------------------------------------------
+
+
+def discrete_gaussian_rdp(
+    noise_multiplier: float, sample_rate: float, orders: tuple[float, ...]
+) -> tuple[float, ...]:
+    """Renyi DP, at each order, of one Poisson-subsampled discrete Gaussian release.
+
+    Without sampling (``q = 1``): noise ``N_Z(0, sigma^2)`` per coordinate on integer
+    vectors of L2 sensitivity ``Delta``, ``z = sigma / Delta``, is ``rho``-zCDP with
+    ``rho = 1 / (2 z^2)`` (Canonne, Kamath and Steinke 2020, Theorem 14 with Proposition
+    5): ``eps(alpha) = alpha rho``, the continuous Gaussian's RDP, at every order.
+
+    With sampling rate ``q < 1``, at integer orders ``alpha >= 2``, the general Poisson
+    subsampling bound of Zhu and Wang (2019, Theorem 6), which needs nothing of the
+    mechanism but its RDP ``eps(l) = l rho``::
+
+        eps_q(alpha) <= log( (1-q)^(alpha-1) (alpha q - q + 1)
+                             + C(alpha, 2) q^2 (1-q)^(alpha-2) e^(eps(2))
+                             + 3 sum_(l=3..alpha) C(alpha, l) q^l (1-q)^(alpha-l)
+                                 e^((l-1) eps(l)) ) / (alpha - 1)
+
+    capped by ``alpha rho`` (sampling never hurts: Renyi divergence is jointly
+    quasi-convex). The continuous Gaussian's exact value (Mironov, Talwar and Zhang 2019)
+    is the same sum without the factor 3, so this is never below it. A fractional order
+    takes the bound of the next integer (Renyi divergence grows with the order).
+    """
+    from scipy.special import gammaln, logsumexp
+
+    rho = 0.5 / noise_multiplier**2
+    if sample_rate >= 1.0:
+        return tuple(alpha * rho for alpha in orders)
+    log_q, log_1q = math.log(sample_rate), math.log1p(-sample_rate)
+    values = []
+    for order in orders:
+        alpha = max(2, math.ceil(order))
+        ell = np.arange(2, alpha + 1, dtype=np.float64)
+        terms = (
+            gammaln(alpha + 1.0) - gammaln(ell + 1.0) - gammaln(alpha - ell + 1.0)
+            + ell * log_q + (alpha - ell) * log_1q + (ell - 1.0) * ell * rho
+        )  # fmt: skip
+        terms[1:] += math.log(3.0)
+        first = (alpha - 1) * log_1q + math.log1p((alpha - 1) * sample_rate)
+        bound = float(logsumexp(np.append(terms, first))) / (alpha - 1)
+        values.append(min(bound, order * rho))
+    return tuple(values)
+
+
+@functools.lru_cache(maxsize=1024)
+def _discrete_rdp_cached(noise_multiplier: float, sample_rate: float) -> tuple[float, ...]:
+    from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS
+
+    return discrete_gaussian_rdp(noise_multiplier, sample_rate, tuple(DEFAULT_RDP_ORDERS))
+
+
+def _discrete_releases_epsilon(releases: Releases, delta: float) -> float:
+    """Epsilon at ``delta`` of validated discrete Gaussian releases: RDP composed
+    (``sum count * eps_(z,q)(alpha)``) at dp-accounting's default orders and converted by
+    its ``compute_epsilon`` (Mironov 2017 with the refinement of Canonne, Kamath and
+    Steinke 2020, Proposition 12)."""
+    from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS, compute_epsilon
+
+    total = np.zeros(len(DEFAULT_RDP_ORDERS))
+    for (z, q), count in releases.items():
+        total += count * np.asarray(_discrete_rdp_cached(z, q))
+    if not np.all(np.isfinite(total)):
+        return math.inf
+    return float(compute_epsilon(DEFAULT_RDP_ORDERS, total, delta)[0])
+
+
+def discrete_gaussian_releases_epsilon(
+    releases: Mapping[tuple[float, float], int], delta: float
+) -> float:
+    """Epsilon at ``delta`` of Poisson-subsampled discrete Gaussian releases,
+    ``releases[(z, q)]`` of them at multiplier ``z`` and sampling rate ``q``: the same as
+    ``releases_epsilon(releases, delta, mechanism="discrete_gaussian")``.
+
+    Each release's RDP is :func:`discrete_gaussian_rdp`; they add up, order by order
+    (Mironov 2017), and the sum is converted to ``(epsilon, delta)``. Never below the
+    continuous Gaussian's epsilon by the same RDP accountant, equal to it without
+    sampling; above the continuous PLD figure, which is not proven to hold for the
+    discrete noise.
+
+    Raises:
+        ValueError: on any invalid argument; the message names it and its value.
+    """
+    return releases_epsilon(releases, delta, "rdp", mechanism="discrete_gaussian")
+
+
+def discrete_gaussian_sum_multiplier(
+    noise_multiplier: float, share_std: float, shares: int, dim: int
+) -> float:
+    """The multiplier a sum of discrete Gaussian shares is charged at.
+
+    ``shares`` (``n``) devices each add ``N_Z(0, sigma^2)`` (``sigma = share_std`` lattice
+    steps) to every one of ``dim`` (``d``) integer coordinates, and ``noise_multiplier``
+    ``z`` is what the sum would have were it one discrete Gaussian (``sqrt(n) sigma /
+    Delta``). The sum is not one. Two valid bounds, of which the larger multiplier is
+    returned:
+
+    * one share alone: the sum is one share plus independent noise (post-processing), so
+      it is at least as private as ``N_Z(0, sigma^2)``: multiplier ``z / sqrt(n)``;
+    * for ``sigma >= 1``, Kairouz, Liu and Steinke (2021, Theorem 1): ``eps^2 / 2``-zCDP
+      with ``eps^2 = 1 / z^2 + 2 tau d`` (the larger of the constants ``tau d / 2`` and
+      ``2 tau d`` in circulation), ``tau = 10 sum_(k=1..n-1) exp(-2 pi^2 sigma^2 k /
+      (k + 1)) <= 10 (n - 1) exp(-pi^2 sigma^2)`` (the bound on ``tau`` is what is used):
+      multiplier ``1 / eps``, within a hair of ``z`` once ``sigma`` is a few steps.
+
+    Composing two such sums (updates and a count) adds their ``eps^2``; a caller may
+    charge both at once with the smaller ``sigma`` and the sum of the ``d``.
+    """
+    z = _positive_finite("noise_multiplier", noise_multiplier)
+    sigma = _positive_finite("share_std", share_std)
+    if shares <= 1:
+        return z
+    single = z / math.sqrt(shares)
+    if sigma < 1.0:
+        return single
+    tau = 10.0 * (shares - 1) * math.exp(-(math.pi**2) * sigma * sigma)
+    return max(single, 1.0 / math.sqrt(z**-2 + 2.0 * tau * dim))

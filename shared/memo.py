@@ -13,9 +13,15 @@ every report from a per-device secret: its random draws are words of a keyed str
 
 read as little-endian 64-bit words (word j is bytes 8j..8j+7; SHAKE's output is a
 prefix of any longer output, so a stream is extended without changing what was read).
-``scope`` names the metric and its version (``memo_scope``), ``purpose`` the use (a
-mechanism's permanent response, a device's bucket sample, its rounding offset) and
-``key`` the memoized input (a category index, a grid point; 0 for per-device draws).
+``scope`` names the exact spec the memo serves (``spec_scope``: a label and the spec's
+SHA-256, ``shared.spec_hash``), ``purpose`` the use (a mechanism's permanent response, a
+device's bucket sample, its rounding offset) and ``key`` the memoized input (a category
+index, a grid point; 0 for per-device draws). A device's scope is never the metric's
+name and version alone: two different specs served under one name and version would
+then read the same words against different thresholds, and wherever their permanent
+responses differ the one with the larger epsilon would be the true value (a joint loss
+with no bound, not the sum of the two epsilons). With the spec's hash in the scope, two
+specs draw independent words and compose by addition, as the ledger charges them.
 Under the HMAC and SHAKE pseudorandomness assumption the words are uniform and
 independent across (secret, scope, purpose, key), and the same secret gives the same
 words forever: lose the secret and the memo is lost with it (the next reports draw a
@@ -61,6 +67,7 @@ __all__ = [
     "MemoStreams",
     "SimulatedMemo",
     "memo_scope",
+    "spec_scope",
     "splitmix64",
 ]
 
@@ -71,8 +78,23 @@ MIN_SECRET_BYTES = 16
 _WORD = np.dtype("<u8")
 
 
+#: Prefix of a spec's memo scope (``spec_scope``).
+SPEC_SCOPE_LABEL = b"spec sha-256\x00"
+_SPEC_HASH_BYTES = 32
+
+
+def spec_scope(spec_hash: bytes) -> bytes:
+    """The scope of the memo of the spec whose ``shared.spec_hash.spec_hash`` is
+    ``spec_hash``: ``"spec sha-256" || 0x00 || spec_hash`` (45 bytes). What a device uses."""
+    if len(spec_hash) != _SPEC_HASH_BYTES:
+        raise ValueError(f"a spec hash has {_SPEC_HASH_BYTES} bytes, got {len(spec_hash)}")
+    return SPEC_SCOPE_LABEL + bytes(spec_hash)
+
+
 def memo_scope(metric: str, version: int) -> bytes:
-    """The scope of a metric version's memo: ``UTF-8(metric) || 0x00 || BE32(version)``."""
+    """A scope named by a metric and version alone: ``UTF-8(metric) || 0x00 ||
+    BE32(version)``, for tests of a mechanism on its own. Not a device's scope: it does
+    not change when a spec changes under the same version (``spec_scope`` does)."""
     return metric.encode("utf-8") + b"\x00" + version.to_bytes(4, "big")
 
 

@@ -194,6 +194,10 @@ class RandomSource:
         """Exactly uniform integers on ``{0, ..., high - 1}``; ``high`` may be an array."""
         if isinstance(high, int) and size is not None and self._rng is None:
             return self._scalar_bound_integers(high, size)
+        if isinstance(high, int) and not isinstance(high, bool) and size is not None and high >= 1:
+            # The scalar bound with a Generator, as below without the array checks (the
+            # exact samplers call this in tight loops).
+            return self._rng.integers(0, high, size=(size,), dtype=np.int64)  # type: ignore[union-attr]
         bounds = np.asarray(high, dtype=np.int64)
         if np.any(bounds < 1):
             raise ValueError(f"integers() needs high >= 1, got {high!r}")

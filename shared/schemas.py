@@ -762,12 +762,20 @@ class Report(BaseModel):
         return value
 
 
+#: Most reports in one ``POST /v1/reports`` batch (a server may set a lower limit).
+MAX_BATCH_REPORTS = 10_000
+
+
 class ReportBatch(BaseModel):
-    """The body of ``POST /v1/reports``."""
+    """The body of ``POST /v1/reports``: 1 to ``MAX_BATCH_REPORTS`` reports.
+
+    The length is checked while the list is validated: the report after the limit stops
+    the validation, so an oversized batch costs no more than a full one.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
-    reports: list[Report] = Field(min_length=1)
+    reports: list[Report] = Field(min_length=1, max_length=MAX_BATCH_REPORTS)
 
 
 class IngestResult(BaseModel):

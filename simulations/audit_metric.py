@@ -159,7 +159,9 @@ class SdkDevices:
         limits = BudgetLimits(
             per_metric_per_period=math.inf,
             total_per_period=math.inf,
+            lifetime=math.inf,  # the audit measures the metric, not the device's caps
             max_epsilon_per_report=max(4.0, per_report),
+            max_value_lifetime_epsilon=math.inf,
         )
         return TelemetryClient(
             "http://audit.invalid",

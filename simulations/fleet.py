@@ -157,7 +157,9 @@ def _record_group(
     """One client object records its devices' values and flushes; (record seconds, delivered)."""
     per_metric = math.ceil(len(values) * 16)  # every device's report fits one shared ledger
     limits = BudgetLimits(
-        per_metric_per_period=float(per_metric), total_per_period=float(per_metric) * 2
+        per_metric_per_period=float(per_metric),
+        total_per_period=float(per_metric) * 2,
+        lifetime=math.inf,  # one client object stands for many devices
     )
     with TelemetryClient(
         url,

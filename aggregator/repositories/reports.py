@@ -37,7 +37,7 @@ from sqlalchemy import delete, func, insert, select
 from sqlalchemy.engine import Connection
 
 from aggregator.group_commit import GroupCommitter, Submission
-from aggregator.repositories.database import Database, Repository
+from aggregator.repositories.database import Database, Repository, StorageUnavailableError
 from aggregator.repositories.schema import partial_stats, report_ids
 
 __all__ = ["PartialRow", "ReportsRepository"]
@@ -92,7 +92,9 @@ class ReportsRepository(Repository):
 
     def __init__(self, database: Database) -> None:
         super().__init__(database)
-        self._committer: GroupCommitter[_Batch] = GroupCommitter(self._commit_group)
+        self._committer: GroupCommitter[_Batch] = GroupCommitter(
+            self._commit_group, timeout=database.timeout
+        )
 
     def close(self) -> None:
         """Store the batches already submitted, then stop the group-commit thread."""
@@ -109,10 +111,24 @@ class ReportsRepository(Repository):
         written in one transaction (shared with the other batches waiting at the time,
         see ``aggregator/group_commit.py``), and this returns after its commit:
         ``(accepted, duplicates)``. The ids are sorted here, on the caller's thread.
+
+        ``StorageUnavailableError`` when the database cannot commit now: nothing of the
+        batch is acknowledged, though its commit may have happened (a lost answer), so its
+        message tells the client to send the batch again, which its ids make safe.
         """
         joined = b"".join(sorted(ids)) if self.database.dialect == "sqlite" else b""
-        accepted = self._committer.submit(_Batch(ids, fold, joined))
+        try:
+            accepted = self._committer.submit(_Batch(ids, fold, joined))
+        except StorageUnavailableError as error:
+            raise error.again(
+                f"the batch is not known to be stored: send it again after {error.retry_after} "
+                "s (a report already stored is counted once, by its report_id)"
+            ) from error.__cause__
         return accepted, len(ids) - accepted
+
+    def writer_trouble(self) -> str | None:
+        """Why the group-commit writer cannot commit now, or None (``GroupCommitter.trouble``)."""
+        return self._committer.trouble()
 
     def _commit_group(self, group: list[_Batch]) -> None:
         """One transaction for several batches: their ids, then their new reports' statistics.

@@ -1,16 +1,25 @@
 """Estimates over a time window: ``GET /v1/metrics/{name}/estimate`` (debiased, with std and
 CI), ``GET /v1/metrics/{name}/series`` (one estimate per hour or day) and
-``GET /v1/metrics/{name}/heavy-hitters`` (discovery metrics' most frequent strings)."""
+``GET /v1/metrics/{name}/heavy-hitters`` (discovery metrics' most frequent strings).
+
+Each request's work and memory are bounded: a categorical estimate lists a bounded
+selection of its categories (``aggregator.value_listing``), a series a bounded number of
+values in all, heavy hitters a bounded k; the answer is computed and serialized to JSON
+in a worker thread, at most ``Settings.max_concurrent_estimates`` at once (the others
+wait their turn, holding nothing), so analyst requests take at most that many times the
+memory of one.
+"""
 
 from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Response
-from fastapi.concurrency import run_in_threadpool
+import anyio
+from fastapi import APIRouter, Query, Request, Response
 from pydantic import BeforeValidator, StringConstraints
 from pydantic_core import to_json
 
@@ -24,7 +33,15 @@ from aggregator.estimates import (
     SeriesOut,
     SeriesStepName,
 )
-from shared.schemas import MAX_LABEL_LENGTH
+from aggregator.value_listing import (
+    DEFAULT_TOP_VALUES,
+    FULL_LIST_DOMAIN,
+    MAX_LISTED_VALUES,
+    EstimateFormat,
+    ValueOrder,
+    ValueView,
+)
+from shared.schemas import MAX_DOMAIN_SIZE, MAX_LABEL_LENGTH
 
 router = APIRouter(tags=["estimates"])
 
@@ -82,8 +99,76 @@ Candidates = Annotated[
 ]
 
 
+Values = Annotated[
+    list[CandidateString],
+    Query(
+        max_length=MAX_LISTED_VALUES,
+        description="Categorical metrics: list exactly these categories, in this order, each "
+        "a label of the metric or an index 0..domain_size-1 (a label wins over an index "
+        f"it spells); at most {MAX_LISTED_VALUES:,}, no repeats. Not with order, offset, "
+        "limit or format=vectors.",
+    ),
+]
+Order = Annotated[
+    ValueOrder | None,
+    Query(
+        description="Categorical metrics: list a page of the categories in 'index' order, "
+        "or by 'frequency': the largest unbiased estimates first (ties by index). Default: "
+        f"index up to {FULL_LIST_DOMAIN:,} categories (and for format=vectors), else "
+        "frequency."
+    ),
+]
+Offset = Annotated[
+    int,
+    Query(
+        ge=0,
+        le=MAX_DOMAIN_SIZE,
+        description="Categorical metrics: the page's first position in that order, below "
+        "domain_size (each answer gives the next page's as next_offset).",
+    ),
+]
+Limit = Annotated[
+    int | None,
+    Query(
+        ge=1,
+        le=MAX_DOMAIN_SIZE,
+        description=f"Categorical metrics: the most categories listed, at most "
+        f"{MAX_LISTED_VALUES:,} for format=json. Default: every one up to "
+        f"{FULL_LIST_DOMAIN:,} categories (and for format=vectors), else the "
+        f"{DEFAULT_TOP_VALUES:,} largest estimates (the answer then says partial=true).",
+    ),
+]
+Format = Annotated[
+    EstimateFormat,
+    Query(
+        description="Categorical metrics: 'json' lists an object per category; 'vectors' "
+        "answers a page in index order (default: the whole vector, up to 2^20 categories) "
+        "as base64 float32 vectors in the field vectors, estimates and postprocessed "
+        "empty: 16 bytes per category instead of about 230."
+    ),
+]
+
+
+async def _bounded(request: Request, work: Callable[[], dict[str, object]]) -> Response:
+    """``work``'s answer as JSON (non-finite numbers as null), computed and serialized in a
+    worker thread, at most ``max_concurrent_estimates`` at once (the others wait)."""
+    state = request.app.state
+    if getattr(state, "estimate_limiter", None) is None:
+        settings = state.aggregator.settings
+        state.estimate_limiter = anyio.CapacityLimiter(settings.max_concurrent_estimates)
+
+    def answer() -> bytes:
+        return to_json(work(), inf_nan_mode="null")
+
+    started = time.perf_counter()
+    body = await anyio.to_thread.run_sync(answer, limiter=state.estimate_limiter)
+    obs.ESTIMATE_SECONDS.observe(time.perf_counter() - started)
+    return Response(body, media_type="application/json")
+
+
 @router.get("/v1/metrics/{name}/estimate", response_model=EstimateOut)
 async def estimate(
+    request: Request,
     name: MetricName,
     principal: Analyst,
     service: Service,
@@ -91,18 +176,34 @@ async def estimate(
     end: WindowEnd = None,
     version: VersionQuery = None,
     candidates: Candidates = [],  # noqa: B006 - FastAPI copies defaults per request
+    values: Values = [],  # noqa: B006
+    order: Order = None,
+    offset: Offset = 0,
+    limit: Limit = None,
+    format: Format = "json",
 ) -> Any:
-    """Debiased estimate of one metric version over a time window, with std and 95% CI."""
-    started = time.perf_counter()
-    result = await run_in_threadpool(
-        service.estimate, name, version, start, end, candidates or None
+    """Debiased estimate of one metric version over a time window, with std and 95% CI.
+
+    A categorical metric of up to 4,096 categories lists every one, in index order. A
+    larger one lists its 1,000 largest unbiased estimates by default, largest first
+    (``partial`` is then true, and ``domain_size`` says how many categories there are);
+    ``values`` lists chosen categories, ``order`` with ``offset`` and ``limit`` pages
+    through them (at most 10,000 per answer), and ``format=vectors`` answers a page in
+    index order, by default the whole vector, as base64 float32 vectors. The estimate is
+    always of the whole domain: the post-processed distribution is the projection of the
+    whole vector, whatever is listed. A combination that cannot be served is refused (422)
+    and says what to change.
+    """
+    view = ValueView(tuple(values), order, offset, limit, format)
+    return await _bounded(
+        request,
+        lambda: service.estimate(name, version, start, end, candidates or None, view),
     )
-    obs.ESTIMATE_SECONDS.observe(time.perf_counter() - started)
-    return result
 
 
 @router.get("/v1/metrics/{name}/series", response_model=SeriesOut)
 async def series(
+    request: Request,
     name: MetricName,
     principal: Analyst,
     service: Service,
@@ -113,40 +214,51 @@ async def series(
     end: SeriesEnd = None,
     version: VersionQuery = None,
     candidates: Candidates = [],  # noqa: B006 - FastAPI copies defaults per request
+    values: Values = [],  # noqa: B006
+    order: Order = None,
+    offset: Offset = 0,
+    limit: Limit = None,
 ) -> Any:
     """One estimate per step (a UTC hour or day) of one metric version over a range.
 
     The range is widened to whole steps on the UTC grid; every step of it is listed,
     oldest first, with its report count ``n`` and ``estimate``: exactly what
-    ``GET /v1/metrics/{name}/estimate`` answers for that step's window and version, or
-    null when no time bucket of the step holds ``min_reports`` reports (the release
-    threshold, as for estimates). A series is of one version (``version=``; default the
-    current one): steps before the version existed, or after another replaced it, hold
-    none of its reports (n = 0), and the reports of other versions are never mixed in.
+    ``GET /v1/metrics/{name}/estimate`` answers for that step's window, version and
+    categories (``values``, ``order``, ``offset``, ``limit``: by default every one of up
+    to 4,096 categories, else each step's 1,000 largest), or null when no time bucket of
+    the step holds ``min_reports`` reports (the release threshold, as for estimates). A
+    series is of one version (``version=``; default the current one): steps before the
+    version existed, or after another replaced it, hold none of its reports (n = 0), and
+    the reports of other versions are never mixed in.
 
-    At most 2,400 steps, and at most 100,000 estimated values (steps times categories,
-    counted twice for the post-processed distribution, candidate strings, or one mean)
-    unless the range is one step; a larger request is refused (422) and says so. The
-    stored statistics of the range are read once: the cost grows with the steps and
-    time buckets, not with the reports.
+    At most 2,400 steps, and at most 100,000 listed values in all (steps times listed
+    categories, counted twice for the post-processed distribution, candidate strings, or
+    one mean), whatever the number of steps; a larger request is refused (422) and says
+    what to narrow. The stored statistics of the range are read once: the cost grows
+    with the steps and time buckets, not with the reports.
     """
-    started = time.perf_counter()
-    result = await run_in_threadpool(
-        service.series, name, step, version, start, end, candidates or None
-    )
-    obs.ESTIMATE_SECONDS.observe(time.perf_counter() - started)
+    view = ValueView(tuple(values), order, offset, limit)
     # Sent as built: the series holds every field of SeriesOut already, and validating
     # thousands of estimates again would take longer than computing them.
-    return Response(to_json(result, inf_nan_mode="null"), media_type="application/json")
+    return await _bounded(
+        request,
+        lambda: service.series(name, step, version, start, end, candidates or None, view=view),
+    )
 
 
 @router.get("/v1/metrics/{name}/heavy-hitters", response_model=HeavyHittersOut)
 async def heavy_hitters(
+    request: Request,
     name: MetricName,
     principal: Analyst,
     service: Service,
     k: Annotated[
-        int, Query(ge=1, le=MAX_HEAVY_HITTERS, description="How many strings to find.")
+        int,
+        Query(
+            ge=1,
+            le=MAX_HEAVY_HITTERS,
+            description=f"How many strings to find (at most {MAX_HEAVY_HITTERS}).",
+        ),
     ] = 10,
     start: WindowStart = None,
     end: WindowEnd = None,
@@ -154,7 +266,4 @@ async def heavy_hitters(
 ) -> Any:
     """The k most frequent strings of a discovery metric (pem, sfp), found without
     candidates, with std and 95% CI; the window and release threshold as for estimates."""
-    started = time.perf_counter()
-    result = await run_in_threadpool(service.heavy_hitters, name, k, version, start, end)
-    obs.ESTIMATE_SECONDS.observe(time.perf_counter() - started)
-    return result
+    return await _bounded(request, lambda: service.heavy_hitters(name, k, version, start, end))

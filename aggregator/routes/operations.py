@@ -27,7 +27,13 @@ class Compaction(BaseModel):
 
 @router.get("/healthz", response_model=Health)
 async def healthz(service: Service) -> Any:
-    """Liveness and storage reachability (503 when the database cannot be reached)."""
+    """Liveness, storage reachability and the writer's ability to commit.
+
+    503 (``storage-unavailable``, with ``Retry-After``) when the database does not answer
+    within the database timeout, when a commit has been waiting for it more than twice
+    that, or when a commit failed on unavailable storage (unreachable, full) in the last
+    30 s and none has succeeded since; the detail says which.
+    """
     dialect = await run_in_threadpool(service.ping)
     return {"status": "ok", "storage": dialect}
 

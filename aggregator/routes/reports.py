@@ -1,19 +1,30 @@
-"""Reports: ``POST /v1/reports`` stores a batch exactly once, all or none."""
+"""Reports: ``POST /v1/reports`` stores a batch exactly once, all or none.
+
+The body is read into one buffer (its declared length allocated once) and validated off
+the event loop against ``ReportBatch`` with the service's own ``max_batch_reports`` as
+the list's ``max_length``: validation stops at the first report past the limit, so a
+body stuffed with reports costs no more than a full batch before it is refused (413).
+Validation holds the interpreter lock, so at most ``parallel_validations`` batches are
+validated at once (storing them is not limited here). How many bytes a body may have,
+and how many may be in progress at once, is ``aggregator/body_limits.py``'s.
+"""
 
 from __future__ import annotations
 
+import functools
+import threading
 import time
 
 from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
+from pydantic import Field, ValidationError, create_model
 
 from aggregator import observability as obs
 from aggregator.deps import Device, Service
-from aggregator.ingest import BatchRejected
+from aggregator.ingest import BatchRejected, BatchTooLargeError
 from aggregator.service import Aggregator
-from shared.schemas import IngestResult, ReportBatch
+from shared.schemas import IngestResult, Report, ReportBatch
 
 router = APIRouter(tags=["reports"])
 
@@ -34,27 +45,73 @@ async def post_reports(request: Request, principal: Device, service: Service) ->
     """A batch of reports, stored atomically (all or none) and acknowledged after commit.
     A ``report_id`` already accepted is ignored and counted in ``duplicates``."""
     started = time.perf_counter()
-    body = await request.body()
+    body = await _read_body(request)
     # Validated and stored off the event loop (which goes on serving other requests
     # meanwhile), in one trip to the thread pool.
-    result = await run_in_threadpool(_ingest, service, body)
+    validations = request.app.state.validations
+    result = await run_in_threadpool(_ingest, service, body, validations)
     obs.INGEST_SECONDS.observe(time.perf_counter() - started)
     return Response(result.model_dump_json(), media_type="application/json")
 
 
-def _ingest(service: Aggregator, body: bytes) -> IngestResult:
+async def _read_body(request: Request) -> bytearray:
+    """The request body in one buffer: allocated once at its declared length (the body
+    limits have checked it), grown as it comes when the body is chunked."""
+    declared = request.headers.get("content-length", "")
+    body = bytearray(int(declared)) if declared.isdigit() else bytearray()
+    filled = 0
+    async for chunk in request.stream():
+        if filled + len(chunk) <= len(body):
+            body[filled : filled + len(chunk)] = chunk
+        else:
+            del body[filled:]
+            body += chunk
+        filled += len(chunk)
+    del body[filled:]  # a body shorter than declared (the server refuses those first)
+    return body
+
+
+@functools.cache
+def batch_model(limit: int) -> type[ReportBatch]:
+    """``ReportBatch`` with at most ``limit`` reports, checked while the list is validated."""
+    return create_model(
+        "ReportBatch",
+        __base__=ReportBatch,
+        reports=(list[Report], Field(min_length=1, max_length=limit)),
+    )
+
+
+def _ingest(
+    service: Aggregator, body: bytearray, validations: threading.BoundedSemaphore
+) -> IngestResult:
     """Validate ``body`` as a ``ReportBatch`` and ingest it, counting the outcome.
 
-    A body that is not a valid batch raises ``RequestValidationError`` (located at
-    ``body``, like FastAPI's own); a batch the service refuses, its ``BatchRejected``.
+    A batch over ``max_batch_reports`` raises ``BatchTooLargeError``; a body that is not
+    a valid batch, ``RequestValidationError`` (located at ``body``, like FastAPI's own);
+    a batch the service refuses, its ``BatchRejected``. The validation waits for one of
+    the ``validations`` slots (it holds the interpreter lock throughout; storing does not).
     """
+    limit = service.settings.max_batch_reports
     try:
-        batch = ReportBatch.model_validate_json(body)
+        with validations:
+            batch = batch_model(limit).model_validate_json(body)
     except ValidationError as error:
+        errors = error.errors(include_url=False)
+        too_long = next((e for e in errors if e["type"] == "too_long"), None)
+        if too_long is not None and tuple(too_long["loc"]) == ("reports",):
+            count = (too_long.get("ctx") or {}).get("actual_length") or f"more than {limit}"
+            obs.BATCHES_REJECTED.labels(BatchTooLargeError.reason).inc()
+            raise BatchTooLargeError(
+                [
+                    {
+                        "report": None,
+                        "field": "reports",
+                        "message": f"{count} reports; at most {limit} per batch",
+                    }
+                ]
+            ) from None
         obs.BATCHES_REJECTED.labels("malformed").inc()
-        raise RequestValidationError(
-            [{**e, "loc": ("body", *e["loc"])} for e in error.errors(include_url=False)]
-        ) from None
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in errors]) from None
     try:
         result = service.ingest(batch)
     except BatchRejected as rejected:  # counted here, answered by its problem document

@@ -14,10 +14,14 @@ Differential Privacy* (CCS 2016). Every step ``t`` of training on ``N`` records:
    overhead times the batch size).
 3. **Clipping** each to L2 norm ``C``: ``g_i <- g_i min(1, C / ||g_i||)``, so that adding
    or removing one record moves the sum by at most ``C``.
-4. **Noise** on the sum: ``g = (sum_i g_i + N(0, sigma^2 C^2 I)) / (q N)``, the noise
-   from :func:`shared.federated.privacy.gaussian_noise` (the operating system's CSPRNG
-   unless a seeded generator is passed, for simulations), divided by the *expected* batch
-   size, a constant.
+4. **Noise** on the sum, on an integer lattice (:class:`shared.federated.lattice.
+   Lattice`): every clipped ``g_i`` is divided by the public step ``s`` (about
+   ``C / 2^16``) and rounded to integers of L2 norm at most ``Delta`` (conditional
+   randomized rounding; ``Delta`` a little above ``C / s``), and exact discrete Gaussian
+   noise is added to the integer sum: ``g = s (sum_i round(g_i / s) + N_Z(0, (sigma
+   Delta)^2 I)) / (q N)`` (the operating system's CSPRNG unless a seeded generator is
+   passed, for simulations), divided by the *expected* batch size, a constant. Without
+   noise (``sigma = 0``) the float sum ``sum_i g_i / (q N)`` is used as it is.
 5. **Step**: ``theta <- theta - eta g``.
 
 Large batches are processed in chunks of at most ``max_physical_batch`` examples whose
@@ -25,27 +29,30 @@ clipped sums are added up (gradient accumulation): memory stays at
 ``max_physical_batch x num_params`` floats per step, the noise is drawn once per step,
 and the result equals the single-pass one.
 
-Privacy. Each step is the Poisson-subsampled Gaussian mechanism with noise multiplier
-``sigma`` and sampling rate ``q`` (add-or-remove-one-record neighbours; the record count
-``N``, which fixes the expected batch size, is public, as in every DP-SGD
-implementation). ``T`` steps are accounted by :mod:`shared.accounting` on Google's
-``dp-accounting``: ``SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(sigma)),
-T)``, by RDP or PLD (:meth:`DPSGD.epsilon`); :meth:`DPSGD.calibrated` finds the smallest
-``sigma`` that meets a target epsilon. A multiplier of 0 clips without noise: the
-non-private baseline (epsilon infinite).
+Privacy. Each step is the Poisson-subsampled discrete Gaussian mechanism with noise
+multiplier ``sigma`` (relative to the lattice sensitivity ``Delta``) and sampling rate
+``q`` (add-or-remove-one-record neighbours; the record count ``N``, which fixes the
+expected batch size, is public, as in every DP-SGD implementation): ``1 / (2 sigma^2)``-
+zCDP before sampling (Canonne, Kamath and Steinke 2020). ``T`` steps are accounted by
+:mod:`shared.accounting` by that zCDP bound with Zhu and Wang's Poisson subsampling
+(``mechanism="discrete_gaussian"``, whatever the method; :meth:`DPSGD.epsilon`);
+:meth:`DPSGD.calibrated` finds the smallest ``sigma`` that meets a target epsilon. A
+multiplier of 0 clips without noise: the non-private baseline (epsilon infinite).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
 
 from shared.accounting import AccountingMethod, calibrate_noise_multiplier, gaussian_epsilon
+from shared.federated.lattice import Lattice
 from shared.federated.models import Model
-from shared.federated.privacy import MAX_CLIP_NORM, clip_rows, gaussian_noise
+from shared.federated.privacy import MAX_CLIP_NORM, clip_rows
 from shared.randomness import RandomSource, Rng, as_source, threshold53
 
 __all__ = [
@@ -53,6 +60,7 @@ __all__ = [
     "clipped_gradient_sum",
     "dpsgd_train",
     "dpsgd_update",
+    "lattice_gradient_sum",
     "noisy_gradient",
     "per_example_gradients",
     "poisson_batch",
@@ -103,7 +111,10 @@ class DPSGD:
             return 0.0
         if not self.private:
             return math.inf
-        return gaussian_epsilon(self.noise_multiplier, self.sample_rate, steps, delta, method)
+        return gaussian_epsilon(
+            self.noise_multiplier, self.sample_rate, steps, delta, method,
+            mechanism="discrete_gaussian",
+        )  # fmt: skip
 
     @classmethod
     def calibrated(
@@ -119,8 +130,11 @@ class DPSGD:
         method: AccountingMethod = "pld",
     ) -> DPSGD:
         """The smallest ``sigma`` whose ``steps`` steps are ``(target_epsilon, delta)``-DP
-        (:func:`shared.accounting.calibrate_noise_multiplier`), with the other settings."""
-        sigma = calibrate_noise_multiplier(target_epsilon, sample_rate, steps, delta, method)
+        (:func:`shared.accounting.calibrate_noise_multiplier` of the discrete Gaussian),
+        with the other settings."""
+        sigma = calibrate_noise_multiplier(
+            target_epsilon, sample_rate, steps, delta, method, mechanism="discrete_gaussian"
+        )
         return cls(sigma, clip_norm, sample_rate, learning_rate, max_physical_batch)
 
 
@@ -152,11 +166,43 @@ def clipped_gradient_sum(
     """``sum_i g_i min(1, C / ||g_i||)`` over the rows of ``(x, y)``, in chunks of at most
     ``max_physical_batch`` examples (gradient accumulation); zeros for no rows."""
     total = np.zeros(model.num_params)
-    for start in range(0, len(x), max_physical_batch):
-        chunk = slice(start, start + max_physical_batch)
-        clipped, _ = clip_rows(per_example_gradients(model, params, x[chunk], y[chunk]), clip_norm)
+    for clipped in _clipped_chunks(model, params, x, y, clip_norm, max_physical_batch):
         total += clipped.sum(axis=0)
     return total
+
+
+def lattice_gradient_sum(
+    model: Model,
+    params: np.ndarray,
+    x: np.ndarray,
+    y: np.ndarray,
+    lattice: Lattice,
+    max_physical_batch: int = DEFAULT_PHYSICAL_BATCH,
+    rng: Rng | RandomSource = None,
+) -> np.ndarray:
+    """``sum_i round(clip(g_i) / s)``: every clipped gradient rounded onto ``lattice``
+    (norm at most its ``Delta``) and summed as int64, in chunks as
+    :func:`clipped_gradient_sum`."""
+    source = as_source(rng)
+    total = np.zeros(model.num_params, dtype=np.int64)
+    chunks = _clipped_chunks(model, params, x, y, lattice.clip_norm, max_physical_batch)
+    for clipped in chunks:
+        total += lattice.round(clipped, source).sum(axis=0)
+    return total
+
+
+def _clipped_chunks(
+    model: Model,
+    params: np.ndarray,
+    x: np.ndarray,
+    y: np.ndarray,
+    clip_norm: float,
+    max_physical_batch: int,
+) -> Iterator[np.ndarray]:
+    """The clipped per-example gradients of ``(x, y)``, ``max_physical_batch`` rows at a time."""
+    for start in range(0, len(x), max_physical_batch):
+        chunk = slice(start, start + max_physical_batch)
+        yield clip_rows(per_example_gradients(model, params, x[chunk], y[chunk]), clip_norm)[0]
 
 
 def poisson_batch(
@@ -179,14 +225,22 @@ def noisy_gradient(
     rng: Rng | RandomSource = None,
 ) -> np.ndarray:
     """One step's gradient over the records ``batch`` (indices) of the ``N = len(x)``
-    records: ``(sum_(i in batch) clip(g_i) + N(0, sigma^2 C^2 I)) / (q N)``."""
-    total = clipped_gradient_sum(
-        model, params, x[batch], y[batch], config.clip_norm, config.max_physical_batch
+    records: ``s (sum_(i in batch) round(clip(g_i) / s) + N_Z(0, (sigma Delta)^2 I)) /
+    (q N)`` on the lattice of step ``s`` and bound ``Delta``; without noise the float
+    ``sum_(i in batch) clip(g_i) / (q N)``."""
+    expected_batch = config.sample_rate * len(x)
+    if not config.private:
+        total = clipped_gradient_sum(
+            model, params, x[batch], y[batch], config.clip_norm, config.max_physical_batch
+        )
+        return total / expected_batch
+    source = as_source(rng)
+    lattice = Lattice(config.clip_norm, model.num_params)
+    total = lattice_gradient_sum(
+        model, params, x[batch], y[batch], lattice, config.max_physical_batch, source
     )
-    if config.private:
-        std = config.noise_multiplier * config.clip_norm
-        total += gaussian_noise(total.shape, std, rng)
-    return total / (config.sample_rate * len(x))
+    total = total + lattice.noise(config.noise_multiplier, total.shape, source)
+    return total * lattice.step / expected_batch
 
 
 def dpsgd_train(

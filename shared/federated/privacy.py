@@ -69,10 +69,24 @@ changes by at most a factor ``e`` a round) and ``C`` to ``[MIN_CLIP_NORM, MAX_CL
 Both clamps act on the released ``b`` only, so they are post-processing and cost no privacy;
 a non-finite ``b`` is refused with ``ValueError``.
 
-Noise is drawn with Box-Muller from 53-bit uniforms of :class:`shared.randomness.
-RandomSource`: the operating system's CSPRNG on devices (``rng=None``), a seeded
-generator in simulations. Floating-point Gaussian noise is the standard practice of
-DP-SGD and DP-FedAvg; its guarantee is the idealized one of the real-valued mechanism.
+Noise is exact discrete Gaussian noise on an integer lattice (:mod:`shared.federated.
+lattice`): the clipped update is divided by a public power-of-two step ``g`` (about
+``C / 2^16``), rounded to integers by conditional randomized rounding to L2 norm at most
+``Delta`` (a little above ``C / g``), and ``N_Z(0, (s Delta)^2)`` is added to every
+coordinate, where ``s`` is the std above in units of ``C`` (``z`` for the central noise
+and a local upload, ``z_Delta / sqrt(q W)`` for a distributed share); the result is
+multiplied back by ``g``. The discrete Gaussian is sampled exactly
+(:func:`shared.discrete_gaussian.discrete_gaussian`; Canonne, Kamath and Steinke 2020),
+from the operating system's CSPRNG on devices (``rng=None``) or a seeded generator in
+simulations, and a release at multiplier ``z`` is ``1 / (2 z^2)``-zCDP with respect to the
+lattice sensitivity ``Delta``, exactly the Renyi bound of the continuous Gaussian: the
+rounding is paid for in noise (``z Delta g``, a few parts in 10^5 above ``z C``), not in
+epsilon. The accountant charges the discrete mechanism by that zCDP bound
+(:func:`shared.accounting.discrete_gaussian_releases_epsilon`); the distributed mode's
+sum of ``m`` shares is not itself a discrete Gaussian and is charged at the multiplier of
+Kairouz, Liu and Steinke's bound for such sums (:meth:`DPConfig.accounting_noise_multiplier`).
+The unclipped bits and their noise use the lattice ``{0, L}`` of a count (:func:`shared.
+federated.lattice.count_scale`).
 """
 
 from __future__ import annotations
@@ -84,6 +98,8 @@ from typing import Literal
 import numpy as np
 
 from shared.federated.fedavg import FedAvg
+from shared.federated.lattice import MAX_COUNT_NOISE, Lattice, count_scale, noisy_count
+from shared.federated.models import MAX_MODEL_PARAMETERS
 from shared.randomness import RandomSource, Rng, as_source
 
 __all__ = [
@@ -96,7 +112,6 @@ __all__ = [
     "RoundOutcome",
     "clip_rows",
     "clip_update",
-    "gaussian_noise",
     "privatize",
 ]
 
@@ -122,30 +137,6 @@ MAX_CLIP_LOG_STEP = 1.0
 
 #: Largest update noise multiplier ``z_Delta`` that adaptive clipping may leave.
 MAX_NOISE_MULTIPLIER = 1e6
-
-
-def gaussian_noise(
-    size: int | tuple[int, ...], std: float, rng: Rng | RandomSource = None
-) -> np.ndarray:
-    """Independent ``N(0, std^2)`` draws by the Box-Muller transform.
-
-    With ``U1 = (k1 + 1) / 2^53`` in (0, 1] and ``U2 = k2 / 2^53`` in [0, 1), the pair
-    ``sqrt(-2 ln U1) (cos 2 pi U2, sin 2 pi U2)`` is two independent standard normals
-    (Box and Muller 1958); both are used.
-    """
-    if not (math.isfinite(std) and std >= 0):
-        raise ValueError(f"the noise std must be a finite number >= 0, got {std!r}")
-    shape = (size,) if isinstance(size, int) else tuple(size)
-    count = math.prod(shape)
-    if std == 0.0 or count == 0:
-        return np.zeros(shape)
-    source = as_source(rng)
-    pairs = (count + 1) // 2
-    u1 = 1.0 - source.uniform(pairs)
-    angle = (2.0 * math.pi) * source.uniform(pairs)
-    radius = np.sqrt(-2.0 * np.log(u1))
-    normals = np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:count]
-    return (std * normals).reshape(shape)
 
 
 def clip_rows(updates: np.ndarray, clip_norm: float) -> tuple[np.ndarray, np.ndarray]:
@@ -177,8 +168,8 @@ class AdaptiveClipping:
     learning_rate: float = 0.2
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.count_noise) and self.count_noise > 0):
-            raise ValueError(f"count_noise must be a finite number > 0, got {self.count_noise!r}")
+        if not 0 < self.count_noise <= MAX_COUNT_NOISE:  # also refuses NaN
+            raise ValueError(f"count_noise must be a number in (0, 2^38], got {self.count_noise!r}")
         if not 0.0 < self.target_quantile < 1.0:
             raise ValueError(f"target_quantile must lie in (0, 1), got {self.target_quantile!r}")
         if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
@@ -328,28 +319,44 @@ class DPConfig:
     def accounting_noise_multiplier(self, participants: float) -> float:
         """The multiplier one round is charged at, given how many clients contributed.
 
-        local: ``z / 2`` (sensitivity ``2 C``); central and silo: ``z``; distributed:
-        ``z sqrt(m / (q W))``, the noise that ``m`` shares actually add up to.
+        local: ``z / 2`` (sensitivity ``2 Delta``); central and silo: ``z``; distributed:
+        ``z sqrt(m / (q W))``, the noise that ``m`` shares add up to, lowered as
+        :func:`shared.accounting.discrete_gaussian_sum_multiplier` says for a sum of
+        discrete Gaussians (the smallest share in lattice steps, ``s C / g`` of an update
+        or ``L s_b`` of a count, ``s_b = sigma_b / sqrt(q W)``, and ``MAX_MODEL_PARAMETERS + 1``
+        coordinates).
         """
         if self.mode == "local":
             return self.noise_multiplier / 2.0
-        if self.mode == "distributed":
-            return self.noise_multiplier * math.sqrt(participants / self.expected_clients)
-        return self.noise_multiplier
+        if self.mode != "distributed" or not self.private:
+            return self.noise_multiplier
+        from shared.accounting import discrete_gaussian_sum_multiplier
+
+        combined = self.noise_multiplier * math.sqrt(participants / self.expected_clients)
+        share = self.client_noise_std * Lattice(self.clip_norm, 1).scaled_clip
+        if self.unclipped_noise_std > 0:
+            bit_share = self.unclipped_noise_std
+            share = min(share, bit_share * count_scale(bit_share))
+        shares = max(1, math.ceil(participants))
+        return discrete_gaussian_sum_multiplier(combined, share, shares, MAX_MODEL_PARAMETERS + 1)
 
     def max_upload_norm(self, clip_norm: float, num_params: int) -> float:
         """The largest L2 norm an honest upload has, but for a chance below ``exp(-50)``.
 
-        ``C`` plus the client's noise, ``s C (sqrt(P) + 10)``, in the local and distributed
-        modes; infinite in the ``none`` mode (nothing to check), in the central mode,
-        where the server clips every upload to ``C`` itself, and in the silo mode, whose
-        upload is the outcome of DP-SGD steps, of no fixed size (``C`` bounds each
-        record's gradient, not the update).
+        The rounded update's ``g Delta`` plus the client's noise, ``s g Delta (sqrt(P) +
+        10)`` (the discrete Gaussian's variance is at most ``sigma^2`` and it is
+        sub-Gaussian with that parameter: Canonne, Kamath and Steinke 2020), in the local
+        and distributed modes; infinite in the ``none`` mode (nothing to check), in the
+        central mode, where the server clips every upload to ``C`` itself, and in the silo
+        mode, whose upload is the outcome of DP-SGD steps, of no fixed size (``C`` bounds
+        each record's gradient, not the update).
         """
         if self.mode in ("none", "central", "silo"):
             return math.inf
-        std = self.client_noise_std * clip_norm
-        return clip_norm + std * (math.sqrt(num_params) + NORM_TAIL_ALLOWANCE)
+        lattice = Lattice(clip_norm, num_params)
+        rounded = lattice.bound * lattice.step
+        std = self.client_noise_std * rounded
+        return rounded + std * (math.sqrt(num_params) + NORM_TAIL_ALLOWANCE)
 
 
 @dataclass(frozen=True)
@@ -367,17 +374,21 @@ class Contribution:
 def privatize(
     update: np.ndarray, config: DPConfig, clip_norm: float, rng: Rng | RandomSource = None
 ) -> Contribution:
-    """The client's side of the mode: clip to ``clip_norm``, add the client's noise share;
-    in the ``none`` mode, and in the ``silo`` mode whose DP-SGD steps did both already,
-    the update as it is."""
+    """The client's side of the mode: clip to ``clip_norm``, round onto the lattice and add
+    the client's discrete noise share (:meth:`Lattice.privatize`; the bit's share by
+    :func:`noisy_count`); in the ``none`` mode, and in the ``silo`` mode whose DP-SGD
+    steps did both already, the update as it is; without noise (``z = 0``, no privacy)
+    the clipped update as it is."""
     raw = np.asarray(update, dtype=np.float64)
     if config.mode in ("none", "silo"):
         return Contribution(raw.copy(), 0.0)
+    source = as_source(rng)
     clipped, unclipped = clip_update(raw, clip_norm)
-    noisy = clipped + gaussian_noise(clipped.shape, config.client_noise_std * clip_norm, rng)
-    bit = float(unclipped)
-    if config.unclipped_noise_std > 0:
-        bit += float(gaussian_noise(1, config.unclipped_noise_std, rng)[0])
+    if config.mode == "central" or not config.private:
+        return Contribution(clipped, float(unclipped))
+    lattice = Lattice(clip_norm, clipped.size)
+    noisy = lattice.privatize(clipped[None, :], config.client_noise_std, source)[0]
+    bit = noisy_count(float(unclipped), config.unclipped_noise_std, source)
     return Contribution(noisy, bit)
 
 
@@ -396,11 +407,13 @@ class PrivateAggregation:
     """FedAvg's aggregation wrapped with the server's side of a privacy mode.
 
     ``none`` and ``silo``: ``strategy.aggregate`` with example weights. ``local``: the
-    uniform mean of the noised uploads. ``central``: re-clip, take the uniform mean from
-    the strategy, rescale it to the fixed denominator (``mean * m / (q W) = sum / (q W)``)
-    and add ``N(0, (z_Delta C / (q W))^2)``. ``distributed``: the uploads carry the noise;
-    the sum is divided by ``q W``. With adaptive clipping the noisy unclipped fraction sets
-    the next round's ``C``, from bits first brought into :meth:`DPConfig.unclipped_range`.
+    uniform mean of the noised uploads. ``central``: re-clip, round every update onto the
+    lattice, add ``N_Z(0, (z_Delta Delta)^2)`` to their sum once (:meth:`Lattice.noisy_sum`;
+    without noise, the float sum) and divide by the fixed denominator ``q W``; the count
+    of unclipped bits gets ``N_Z(0, sigma_b^2)`` on its lattice (:func:`noisy_count`).
+    ``distributed``: the uploads carry the noise; the sum is divided by ``q W``. With
+    adaptive clipping the noisy unclipped fraction sets the next round's ``C``, from bits
+    first brought into :meth:`DPConfig.unclipped_range`.
     """
 
     strategy: FedAvg
@@ -424,13 +437,19 @@ class PrivateAggregation:
         expected = config.expected_clients
         bits = np.clip(np.asarray(unclipped, dtype=np.float64), *config.unclipped_range())
         if config.mode == "central":
+            source = as_source(rng)
             rows, server_bits = clip_rows(rows, clip_norm)
-            mean = self.strategy.aggregate(rows) * (m / expected)
-            std = config.update_noise_multiplier * clip_norm / expected
-            mean = mean + gaussian_noise(mean.shape, std, rng)
-            count = float(np.sum(np.minimum(bits, server_bits)))
-            if config.adaptive is not None and config.private:
-                count += float(gaussian_noise(1, config.adaptive.count_noise, rng)[0])
+            if config.private:
+                lattice = Lattice(clip_norm, rows.shape[1])
+                total = lattice.noisy_sum(rows, config.update_noise_multiplier, source)
+            else:
+                total = rows.sum(axis=0)
+            mean = total / expected
+            count_noise = (
+                config.adaptive.count_noise if config.adaptive is not None and config.private
+                else 0.0
+            )  # fmt: skip
+            count = noisy_count(np.minimum(bits, server_bits), count_noise, source)
         else:
             mean = self.strategy.aggregate(rows) * (m / expected)
             count = float(np.sum(bits))

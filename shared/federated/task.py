@@ -18,12 +18,15 @@ Both the aggregator service and the in-process simulation run a task through
    (with the same relative slack as the device ledger). ``close_round(...)`` aggregates
    the contributions with :class:`~shared.federated.privacy.PrivateAggregation`, applies
    the FedAvg step, and records the round with the accountant
-   (:class:`shared.accounting.GaussianRoundsAccountant`). ``restart_round()`` abandons
-   the open round instead (the service does so when too few uploads came by its deadline):
-   its contributions are discarded unread and the round is drawn again as a new
-   ``attempt``, in which every device decides afresh, with probability q, to take part.
-   Only a closed round is released, and in the attempt it aggregates each device took
-   part with probability q: the Poisson sampling the accountant charges for.
+   (:class:`shared.accounting.GaussianRoundsAccountant` of the discrete Gaussian: every
+   mode's noise is exact discrete Gaussian noise on a lattice, accounted by its zCDP
+   bound with Poisson subsampling, see :mod:`shared.federated.privacy`).
+   ``restart_round()`` abandons the open round instead (the service does so when too few
+   uploads came by its deadline): its contributions are discarded unread and the round is
+   drawn again as a new ``attempt``, in which every device decides afresh, with
+   probability q, to take part. Only a closed round is released, and in the attempt it
+   aggregates each device took part with probability q: the Poisson sampling the
+   accountant charges for.
 
 Everything is plain data (``to_json`` / ``from_json``, the vectors as float64 bytes), so
 that the service can store a task and pick it up again after a restart.
@@ -40,10 +43,11 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from shared.accounting import GaussianRoundsAccountant
+from shared.accounting import GaussianRoundsAccountant, NoiseMechanism
 from shared.caps import within_cap
 from shared.federated.dpsgd import DEFAULT_PHYSICAL_BATCH, DPSGD, dpsgd_update
 from shared.federated.fedavg import FedAvg, ServerState, client_update
+from shared.federated.lattice import MAX_COUNT_NOISE
 from shared.federated.models import LocalTraining, Model, ModelSpec, make_model
 from shared.federated.privacy import (
     MAX_CLIP_NORM,
@@ -78,6 +82,12 @@ FEDERATED_DISCRETIZATION = 1e-3
 #: Ratio of the grid the distributed mode's per-round multipliers are rounded down to.
 ACCOUNTING_GRID = 1.05
 
+#: The noise every private mode adds: exact discrete Gaussian noise on a lattice.
+NOISE: NoiseMechanism = "discrete_gaussian"
+
+#: Rescalings :func:`calibrate` tries before declaring a distributed task's shares too small.
+MAX_SHARE_RESCALINGS = 60
+
 #: Smallest positive noise multiplier a task may give. One unsampled round at z = 0.1
 #: already spends about 92 epsilon at delta = 1e-5, far past ``MAX_EPSILON``; below it the
 #: PLD accountant's privacy-loss grid (its width grows like 1 / z^2) runs out of memory.
@@ -109,7 +119,7 @@ class AdaptiveClippingSpec(BaseModel):
 
     target_quantile: float = Field(default=0.5, gt=0, lt=1)
     learning_rate: float = Field(default=0.2, gt=0, allow_inf_nan=False)
-    count_noise: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    count_noise: float | None = Field(default=None, gt=0, le=MAX_COUNT_NOISE, allow_inf_nan=False)
 
 
 class DPSGDSpec(BaseModel):
@@ -262,7 +272,9 @@ class TaskConfig(BaseModel):
             dp.accounting_noise_multiplier(self.clients_per_round): self.rounds
             * dp.releases_per_round
         }
-        bound = gaussian_rounds_epsilon(planned, dp.accounting_sample_rate, self.delta, "rdp")
+        bound = gaussian_rounds_epsilon(
+            planned, dp.accounting_sample_rate, self.delta, "rdp", mechanism=NOISE
+        )
         if not bound <= MAX_PLANNED_EPSILON:
             raise ValueError(
                 f"the {self.rounds} planned rounds at noise multiplier {noise_multiplier:g} "
@@ -338,13 +350,14 @@ class TaskConfig(BaseModel):
 def calibrate(config: TaskConfig) -> float:
     """The noise multiplier ``z`` of a task: given, or the smallest that meets the target.
 
-    Over the planned ``T`` rounds: central and distributed, the Poisson-subsampled
-    Gaussian at ``q``; local, ``T`` uploads each a Gaussian at ``z / 2`` (so ``z`` is
-    twice the calibrated multiplier); silo, a silo's ``T s`` DP-SGD steps at its record
-    rate ``q_r`` (taking part in every round). In the distributed mode a round may close
-    with as few as ``min_clients`` noise shares, whose sum has multiplier
-    ``z sqrt(min / (q W))``: the multiplier is raised by ``sqrt(q W / min)`` so that even
-    such rounds stay within the target. The ``none`` mode has none.
+    Over the planned ``T`` rounds, all with discrete Gaussian noise (``NOISE``): central
+    and distributed, the Poisson-subsampled mechanism at ``q``; local, ``T`` uploads each
+    at ``z / 2`` (so ``z`` is twice the calibrated multiplier); silo, a silo's ``T s``
+    DP-SGD steps at its record rate ``q_r`` (taking part in every round). In the
+    distributed mode a round may close with as few as ``min_clients`` noise shares, whose
+    sum is charged at about ``z sqrt(min / (q W))``
+    (:meth:`DPConfig.accounting_noise_multiplier`): the multiplier is raised until even
+    such rounds are charged at least the calibrated one. The ``none`` mode has none.
     """
     if config.mode == "none":
         return 0.0
@@ -362,12 +375,29 @@ def calibrate(config: TaskConfig) -> float:
         config.delta,
         config.accounting,
         value_discretization_interval=FEDERATED_DISCRETIZATION,
+        mechanism=NOISE,
     )
     if local:
         return 2.0 * z
     if config.mode == "distributed":
-        return z * math.sqrt(max(1.0, config.clients_per_round / config.min_clients))
+        return _distributed_multiplier(config, z)
     return z
+
+
+def _distributed_multiplier(config: TaskConfig, target: float) -> float:
+    """The smallest multiplier found whose rounds of ``min_clients`` shares are charged at
+    no less than ``target``: ``target sqrt(q W / min)``, raised while the sum-of-shares
+    bound charges less (never in practice: each share is thousands of lattice steps)."""
+    z = target * math.sqrt(max(1.0, config.clients_per_round / config.min_clients))
+    for _ in range(MAX_SHARE_RESCALINGS):
+        charged = config.dp_config(z).accounting_noise_multiplier(config.min_clients)
+        if charged >= target:
+            return z
+        z *= min(2.0, max(1.0 + 1e-9, target / charged))
+    raise ValueError(
+        f"no noise multiplier near {z:g} makes a round of {config.min_clients} distributed "
+        "shares private enough: raise min_clients or lower clients_per_round"
+    )
 
 
 class BudgetExhaustedError(RuntimeError):
@@ -438,6 +468,7 @@ class TaskState:
             self.config.accounting,
             self.accountant_rounds,
             FEDERATED_DISCRETIZATION,
+            NOISE,
         )
 
     def epsilon(self) -> float:
@@ -468,6 +499,7 @@ class TaskState:
             self.config.delta,
             self.config.accounting,
             value_discretization_interval=FEDERATED_DISCRETIZATION,
+            mechanism=NOISE,
         )
 
     def check_round(self) -> None:

@@ -66,7 +66,7 @@ e^eps_1 (``shared.randomness.certified_threshold``). ``p``, ``q``, ``transition_
 
 Memo draws (what a client in another language must reproduce). The permanent response of
 value v reads the memo stream of purpose ``b"lgrr prr"`` keyed by v (``shared.memo``:
-scope = ``memo_scope(metric, version)``, words little-endian uint64 w0, w1, ...): it is v
+scope = ``spec_scope(spec_hash)``, words little-endian uint64 w0, w1, ...): it is v
 if (w0 >> 11) < T1 (the top 53 bits of w0 below T1), and otherwise the first of
 w1 & m, w2 & m, ... that is below d, with m = 2^ceil(log2 d) - 1. The
 instantaneous response is fresh: keep y1 if a uniform 53-bit integer is below T2, else a

@@ -28,12 +28,21 @@ with this p and q.
 
 Aggregation without testing every item: a report (a, b, y) supports exactly
 the v = a^-1 (t - b) mod P with t = y (mod g), t < P, keeping v < d. As t steps
-by g, v steps by s = a^-1 g mod P, so the supported items form an arithmetic
-progression modulo P; the aggregate walks all reports in lockstep along their
-progressions, one ``np.bincount`` per step: O(n P / g) integer work, in chunks
-of reports so memory is bounded whatever n is. For small domains it is cheaper
-to histogram the reports by (a, b, y) and test each of the (P - 1) P hash
-functions once: O(n + P^2 d).
+by g, v steps by s = a^-1 g mod P, so the supported items of report i form the
+arithmetic progression v_ik = (v_i0 + k s_i) mod P, k < T_i = #{t < P : t = y_i
+(mod g)} <= ceil(P / g). The aggregate writes these items for a chunk of reports
+into a block of K consecutive k (all reports at once), filled by doubling
+(v_i,k+L = v_ik + (L s_i mod P), less P if that reaches P: additions and a sign
+mask, no division), and counts each block with one ``np.bincount`` of length P.
+K is chosen per chunk so that a block holds about max(P, 2^16) items: a few
+reports get all their items in one block, many reports a few k per block. The
+work is O(n P / g + P) for any n, and the memory O(max(P, 2^16)) beside the
+reports. When the reports' items are few (8 n ceil(P / g) < d) no length-P
+vector is built: the items are sorted and counted (``np.unique``) into sparse
+statistics, O(n P / g log(n P / g)) (one report at d = 2^20, epsilon 4: 18,725
+items). For small domains it is cheaper to histogram the reports by (a, b, y)
+and test each of the (P - 1) P hash functions once: O(n + P^2 d). Every path
+gives the exact counts C_v = #{i : H_{a_i, b_i}(v) = y_i}.
 
 Report: int64 rows (a, b, y). Payload: ``{"a": int, "b": int, "value": int}``.
 Sufficient statistics: the support counts C_v.
@@ -42,6 +51,7 @@ Sufficient statistics: the support counts C_v.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from functools import cached_property
 from typing import Any
 
@@ -59,7 +69,9 @@ from shared.schemas import MechanismSpec
 from shared.statistics import CountStatistics
 
 #: Reports walked at once in ``aggregate``.
-_AGGREGATE_CHUNK = 1 << 18
+_AGGREGATE_CHUNK = 1 << 16
+#: Supported items written per block in ``aggregate`` (at least P, see the module docstring).
+_BLOCK_ITEMS = 1 << 16
 #: Largest (P - 1) P d table of hash values built for small domains.
 _MAX_HASH_TABLE = 1 << 22
 
@@ -147,11 +159,12 @@ class OptimizedLocalHashing(CategoricalMechanism):
         reports = self.check_reports(reports)
         n, prime, d = reports.shape[0], self.prime, self.domain_size
         hash_table_size = (prime - 1) * prime * d
-        if hash_table_size <= _MAX_HASH_TABLE and hash_table_size < n * prime // self.buckets:
-            support = self._support_by_hash_table(reports)
-        else:
-            support = self._support_by_progressions(reports)
-        return CountStatistics(n, support)
+        items = n * -(-prime // self.buckets)  # at most ceil(P / g) supported items per report
+        if hash_table_size <= _MAX_HASH_TABLE and hash_table_size < items:
+            return CountStatistics(n, self._support_by_hash_table(reports))
+        if 8 * items < d:
+            return self._sparse_support(reports)
+        return CountStatistics(n, self._support_by_progressions(reports))
 
     def simulate_statistics(self, counts: np.ndarray, rng: np.random.Generator) -> CountStatistics:
         """Each support count's distribution exactly, their joint approximately.
@@ -183,23 +196,60 @@ class OptimizedLocalHashing(CategoricalMechanism):
         return per_hash[np.arange(per_hash.shape[0])[:, None], hashed].sum(axis=0)
 
     def _support_by_progressions(self, reports: np.ndarray) -> np.ndarray:
-        """Large domains: walk each report's supported items, an arithmetic progression mod P."""
+        """Many reports: each block of supported items counted by one ``np.bincount``."""
+        support = np.zeros(self.domain_size, dtype=np.int64)
+        for items in self._supported_items(reports):
+            support += np.bincount(items.ravel(), minlength=self.prime + 1)[: self.domain_size]
+        return support
+
+    def _sparse_support(self, reports: np.ndarray) -> CountStatistics:
+        """Few reports: the distinct supported items and their counts, O(n T log(n T))."""
+        d = self.domain_size
+        blocks = (block[block < d] for block in self._supported_items(reports))
+        items = np.concatenate([np.zeros(0, dtype=np.int64), *blocks])
+        indices, counts = np.unique(items, return_counts=True)
+        return CountStatistics.sparse(reports.shape[0], d, indices, counts)
+
+    def _supported_items(self, reports: np.ndarray) -> Iterator[np.ndarray]:
+        """Blocks (K, n_c) of v_ik = (v_i0 + k s_i) mod P for K consecutive k, per chunk of n_c
+        reports; P where k >= T_i (past report i's progression). Each block is overwritten by
+        the next: use it before advancing.
+
+        K = max(1, max(P, ``_BLOCK_ITEMS``) // n_c), so a block holds at least P items (but
+        for a chunk's last) and counting it densely costs O(K n_c + P) = O(K n_c).
+        """
         prime, g = self.prime, self.buckets
-        support = np.zeros(prime, dtype=np.int64)
         for start in range(0, reports.shape[0], _AGGREGATE_CHUNK):
             a, b, y = reports[start : start + _AGGREGATE_CHUNK].T
             inverse = _inverse_mod(a, prime)
-            position = inverse * ((y - b) % prime) % prime  # v for t = y
-            # v advances by a^-1 g mod P when t advances by g; kept as that minus P so that
-            # one addition leaves v in [-P, P) and a sign mask brings it back to [0, P).
-            step_less_prime = inverse * (g % prime) % prime - prime
             terms = np.where(y < prime, (prime - 1 - y) // g + 1, 0)  # t = y, y+g, ... < P
-            for k in range(int(terms.max(initial=0))):
-                live = position if k < terms.min() else position[terms > k]
-                support += np.bincount(live, minlength=prime)
-                position += step_less_prime
-                position += prime & (position >> 63)  # arithmetic shift: all ones if < 0
-        return support[: self.domain_size]
+            total_steps, least_steps = int(terms.max()), int(terms.min())
+            width = max(1, min(total_steps, max(prime, _BLOCK_ITEMS) // a.size))
+            # Jumps L s mod P - P for L = 1, 2, 4, ... < K: adding one to a residue in
+            # [0, P) gives [-P, P), and adding P where the sign bit is set brings it back.
+            jumps = [inverse * (g % prime) % prime - prime]
+            while 1 << len(jumps) < width:
+                doubled = jumps[-1] + prime + jumps[-1]  # 2 (L s mod P) - P
+                doubled += prime & (doubled >> 63)
+                jumps.append(doubled - prime)
+            block = np.empty((width, a.size), dtype=np.int64)
+            block[0] = inverse * ((y - b) % prime) % prime  # v_i0, for t = y
+            for first in range(0, total_steps, width):
+                filled = 1
+                for jump in jumps:  # rows [L, 2 L) from rows [0, L), L = 1, 2, 4, ...
+                    rows = block[filled : 2 * filled]
+                    np.add(block[: rows.shape[0]], jump, out=rows)
+                    rows += prime & (rows >> 63)
+                    filled += rows.shape[0]
+                steps = min(width, total_steps - first)
+                items = block[:steps]
+                if first + steps > least_steps:
+                    items = items.copy()
+                    items[np.arange(first, first + steps)[:, None] >= terms] = prime
+                yield items
+                if first + width < total_steps:  # the next block starts at k = first + K
+                    np.add(block[width - 1], jumps[0], out=block[0])
+                    block[0] += prime & (block[0] >> 63)
 
     def support_counts(self, stats: CountStatistics) -> np.ndarray:
         return stats.counts

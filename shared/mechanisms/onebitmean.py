@@ -79,7 +79,7 @@ e^epsilon_report. q', p' = 1 - q' and C are these exact values, so E[y | x] is e
 the grid position lower + w E[g]: exactly x at grid points, up to 2^-53 w elsewhere.
 
 Memo draws (what a client in another language must reproduce; ``shared.memo``: scope =
-``memo_scope(metric, version)``, words little-endian uint64 w0, w1, ... of a stream):
+``spec_scope(spec_hash)``, words little-endian uint64 w0, w1, ... of a stream):
 
 * the offset: purpose ``b"onebitmean alpha"``, key 0, U = w0 >> 11 (the top 53 bits);
   t = (clip((clip(x, lower, upper) - lower) / h - 1, -1, 1) + 1) (s / 2) in IEEE-754

@@ -40,7 +40,7 @@ from client.federated import (
 from shared.accounting import gaussian_rounds_epsilon
 from shared.federated.messages import decode_vector, encode_vector
 from shared.federated.models import ModelSpec, make_model
-from shared.federated.task import FEDERATED_DISCRETIZATION, TaskConfig, calibrate
+from shared.federated.task import TaskConfig, calibrate
 
 TASK = "hostile"
 DELTA = 1e-5
@@ -169,13 +169,9 @@ def device(server: HostileServer, model: ModelSpec = SMALL, **options: Any) -> F
 
 
 def accountant_epsilon(releases: dict[float, int]) -> float:
-    """The project accountant's epsilon at DELTA of Gaussian uploads (no sampling): the
-    smaller of its two valid upper bounds, RDP and PLD (at the federated grid)."""
-    rdp = gaussian_rounds_epsilon(releases, 1.0, DELTA, "rdp")
-    pld = gaussian_rounds_epsilon(
-        releases, 1.0, DELTA, "pld", value_discretization_interval=FEDERATED_DISCRETIZATION
-    )
-    return min(rdp, pld)
+    """The project accountant's epsilon at DELTA of uploads (no sampling) with discrete
+    Gaussian noise: its zCDP bound, as the device charges it."""
+    return gaussian_rounds_epsilon(releases, 1.0, DELTA, mechanism="discrete_gaussian")
 
 
 def upload_releases(server: HostileServer, multipliers: dict[tuple[int, int], float]) -> dict:

@@ -34,7 +34,8 @@ import pytest
 
 from client.ledger import BudgetLimits, MemoizedCost, PrivacyLedger
 from shared.mechanisms import Rappor, make_mechanism
-from shared.schemas import MechanismSpec
+from shared.schemas import MechanismSpec, MetricSpec
+from shared.spec_hash import spec_hash
 
 DEMO = {"num_hashes": 1, "num_cohorts": 64, "f": 0.5, "p": 0.25, "q": 0.75}
 #: Slack for sums and logarithms of floating-point probabilities.
@@ -91,11 +92,12 @@ def ledger_charge(directory: Path, metric: str, values: tuple[int, ...]) -> floa
     """The lifetime epsilon the device ledger charges for reporting ``values`` (RAPPOR)."""
     mechanism = rappor(4)
     cost = MemoizedCost(mechanism.epsilon_infinity, mechanism.epsilon_one)
+    spec = MetricSpec(name=metric, version=1, mechanism=mechanism.spec)
     limits = BudgetLimits(per_metric_per_period=1e6, total_per_period=1e6)
     ledger = PrivacyLedger(directory, limits)
     before = ledger.status().spent_lifetime
     for value in values:
-        ledger.debit_memoized(metric, 1, f"value-{value}".encode(), cost)
+        ledger.debit_memoized(metric, spec_hash(spec), f"value-{value}".encode(), cost)
     ledger.release()
     return ledger.status().spent_lifetime - before
 

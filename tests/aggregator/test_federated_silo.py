@@ -32,7 +32,6 @@ from client.federated import (
 )
 from shared import accounting
 from shared.accounting import gaussian_epsilon
-from shared.federated.task import FEDERATED_DISCRETIZATION
 
 KEYS = {
     "admin": "silo-test-admin-key-0123456789",
@@ -129,9 +128,9 @@ def rounds_within(z: float, target: float) -> int:
 
 
 def silo_epsilon(z: float, steps: int) -> float:
-    return gaussian_epsilon(
-        z, RATE, steps, DELTA, "pld", value_discretization_interval=FEDERATED_DISCRETIZATION
-    )
+    """A silo's epsilon per record after ``steps`` DP-SGD steps of discrete Gaussian noise,
+    as the service and the device account it."""
+    return gaussian_epsilon(z, RATE, steps, DELTA, mechanism="discrete_gaussian")
 
 
 def test_silos_train_and_report_the_epsilon_the_service_reports(service: Service) -> None:

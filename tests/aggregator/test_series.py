@@ -36,6 +36,7 @@ from aggregator.estimates import (
 )
 from aggregator.registry import DEMO_METRICS
 from aggregator.settings import Settings
+from aggregator.value_listing import DEFAULT_TOP_VALUES
 
 KEYS = {
     "admin": "series-admin-key-0123456789",
@@ -389,7 +390,8 @@ def test_refusals_are_problem_documents(api: Api) -> None:
 
 
 def test_the_number_of_values_is_bounded(api: Api) -> None:
-    """A categorical step holds 2 d values (estimates and the post-processed distribution)."""
+    """A categorical step holds 2 d values (estimates and the post-processed distribution)
+    when it lists its d categories."""
     d = 1000
     api.define("wide", {"mechanism": "grr", "epsilon": 1.0, "domain_size": d})
     fits = MAX_SERIES_VALUES // (2 * d)
@@ -399,11 +401,19 @@ def test_the_number_of_values_is_bounded(api: Api) -> None:
     refused = api.series("wide", start=iso(end - (fits + 1) * HOUR), end=iso(end))
     detail = problem(refused, 422, "invalid-request")["detail"]
     assert f"{fits + 1} steps x {2 * d} values" in detail and f"{MAX_SERIES_VALUES:,}" in detail
-    # One step is always served, whatever the metric's size (as /estimate is).
+    # A larger metric's steps list its DEFAULT_TOP_VALUES largest estimates by default,
+    # and the bound counts what is listed, whatever the number of steps.
     huge = 2**20
     api.define("huge", {"mechanism": "grr", "epsilon": 1.0, "domain_size": huge})
-    assert len(api.series_body("huge", start=iso(end - HOUR), end=iso(end))["steps"]) == 1
-    problem(api.series("huge", start=iso(end - 2 * HOUR), end=iso(end)), 422, "invalid-request")
+    fits = MAX_SERIES_VALUES // (2 * DEFAULT_TOP_VALUES)
+    body = api.series_body("huge", start=iso(end - fits * HOUR), end=iso(end))
+    assert len(body["steps"]) == fits
+    refused = api.series("huge", start=iso(end - (fits + 1) * HOUR), end=iso(end))
+    detail = problem(refused, 422, "invalid-request")["detail"]
+    assert f"{fits + 1} steps x {2 * DEFAULT_TOP_VALUES} values" in detail
+    assert "values=" in detail and "limit=" in detail
+    narrower = api.series("huge", start=iso(end - (fits + 1) * HOUR), end=iso(end), limit=10)
+    assert narrower.status_code == 200, narrower.text
 
 
 def test_a_string_metric_needs_candidates(api: Api) -> None:
@@ -423,7 +433,10 @@ def test_the_openapi_document_describes_the_series(api: Api) -> None:
     document = api.client.get("/openapi.json").json()
     operation = document["paths"]["/v1/metrics/{name}/series"]["get"]
     parameters = {p["name"]: p for p in operation["parameters"]}
-    assert set(parameters) == {"name", "step", "start", "end", "version", "candidates"}
+    assert set(parameters) == {
+        *("name", "step", "start", "end", "version", "candidates"),
+        *("values", "order", "offset", "limit"),
+    }
     assert parameters["step"]["schema"]["enum"] == ["1h", "1d"]
     assert parameters["step"]["schema"]["default"] == "1h"
     description = operation["description"]

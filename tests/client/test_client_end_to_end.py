@@ -50,7 +50,8 @@ def record_group(
 ) -> dict[str, float]:
     """One client object (one state directory) records the values of its devices, then
     flushes; returns its budget figures and delivery outcome."""
-    limits = BudgetLimits(per_metric_per_period=1e6, total_per_period=1e6)
+    # One client object stands for many devices: no lifetime cap (the default is finite).
+    limits = BudgetLimits(per_metric_per_period=1e6, total_per_period=1e6, lifetime=math.inf)
     with TelemetryClient(
         url,
         key,

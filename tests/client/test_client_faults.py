@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import struct
 import threading
@@ -26,7 +27,8 @@ import pytest
 from client import BudgetLimits, RetryPolicy, SpecError, TelemetryClient
 
 THEME, MINUTES = "app.theme", "app.session_minutes"
-ROOMY = BudgetLimits(per_metric_per_period=1e6, total_per_period=1e6)
+#: Many reports from one device: no caps in the way (the default lifetime total is finite).
+ROOMY = BudgetLimits(per_metric_per_period=1e6, total_per_period=1e6, lifetime=math.inf)
 #: Short backoff, so that a test waits for the aggregator, not for the backoff cap.
 FAST_RETRY = RetryPolicy(base=0.02, cap=0.3)
 

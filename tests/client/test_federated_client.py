@@ -210,12 +210,13 @@ def test_a_damaged_ledger_fails_closed(service: Any, tmp_path: Path) -> None:
 
 
 def test_device_epsilon_is_the_tighter_bound_and_safe_for_any_multiplier() -> None:
-    """min(RDP, PLD) where PLD is affordable; RDP alone for a hostile multiplier (a PLD
-    grid for z = 1e-9 would not fit in memory); no noise is infinite; nothing is 0."""
+    """The uploads add discrete Gaussian noise: charged by its zCDP bound (never below the
+    continuous Gaussian's PLD figure), safe for a hostile multiplier (no PLD grid for
+    z = 1e-9 is ever built); no noise is infinite; nothing is 0."""
     releases = {0.8: 3, 1.6: 2}
-    rdp = gaussian_rounds_epsilon(releases, 1.0, 1e-5, "rdp")
+    discrete = gaussian_rounds_epsilon(releases, 1.0, 1e-5, mechanism="discrete_gaussian")
     pld = gaussian_rounds_epsilon(releases, 1.0, 1e-5, "pld", value_discretization_interval=1e-3)
-    assert pld < rdp and device_epsilon(releases, 1.0, 1e-5) == pld
+    assert pld < discrete and device_epsilon(releases, 1.0, 1e-5) == discrete
     assert device_epsilon({1e-9: 1}, 1.0, 1e-5) > 1e15
     assert device_epsilon({0.0: 1}, 1.0, 1e-5) == math.inf
     assert device_epsilon({}, 1.0, 1e-5) == 0.0

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from client.ledger import (
     LEDGER_FILE,
+    MARK_FILE,
     MARKER_FILE,
     BudgetExhaustedError,
     BudgetLimits,
@@ -31,11 +32,16 @@ from client.ledger import (
     MemoizedCost,
     PrivacyLedger,
 )
+from client.specs import SpecChangedError
+from shared.schemas import MetricSpec
 
 PERIOD = 1000.0
 START = 1_000_000.0
 #: Slack for sums of binary floating-point epsilons.
 SLACK = 1e-9
+#: Spec hashes, as ``shared.spec_hash.spec_hash`` gives them (any 32 bytes do here).
+SPEC = hashlib.sha256(b"a spec").digest()
+OTHER_SPEC = hashlib.sha256(b"another spec").digest()
 
 
 class FakeClock:
@@ -383,6 +389,11 @@ CORRUPTIONS: dict[str, Callable[[bytes], bytes]] = {
     "missing format 3 field": lambda raw: _rewrite_state(
         raw, lambda s: s.pop("memoized_values_per_metric"), True
     ),
+    "missing generation": lambda raw: _rewrite_state(raw, lambda s: s.pop("generation"), True),
+    "bad pin": lambda raw: _rewrite_state(raw, lambda s: s["pins"].update(m={"1": "x"}), True),
+    "bad pinned version": lambda raw: _rewrite_state(
+        raw, lambda s: s["pins"].update(m={"v1": s["pins"]["p"]["1"]}), True
+    ),
 }
 
 
@@ -390,7 +401,8 @@ CORRUPTIONS: dict[str, Callable[[bytes], bytes]] = {
 def test_corrupt_ledger_fails_closed(tmp_path: Path, corruption: str) -> None:
     limits, clock = make_limits(), FakeClock()
     ledger = PrivacyLedger(tmp_path, limits, clock=clock)
-    ledger.debit_memoized("m", 1, b"v", MemoizedCost(0.25, 0.125))  # a charged value on file
+    ledger.debit_memoized("m", SPEC, b"v", MemoizedCost(0.25, 0.125))  # a charged value on file
+    ledger.pin(served("p", 0.5), SPEC)  # a pinned spec on file
     ledger.debit("a", 0.5)  # reserves exactly one report: the next debit reads the file
     path = tmp_path / LEDGER_FILE
     damaged = CORRUPTIONS[corruption](path.read_bytes())
@@ -429,6 +441,157 @@ def test_device_secret_is_stable_across_reopen(tmp_path: Path) -> None:
     clock.now += 5 * PERIOD
     assert PrivacyLedger(tmp_path / "one", limits, clock=clock).device_secret == secret
     assert PrivacyLedger(tmp_path / "two", limits, clock=clock).device_secret != secret
+
+
+# --- rollback: a restored older ledger.json ------------------------------------------------
+
+
+def test_a_restored_older_ledger_cannot_overspend_the_period(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Cap 20 a period: 10 spent, a backup of ledger.json taken, 10 more spent; the backup
+    restored says 10. The ledger is lifted to its mark (20) and refuses another 10: the
+    period's spending stays 20 (a ledger without a mark would have allowed 30)."""
+    limits = make_limits(
+        per_metric_per_period=20.0, total_per_period=20.0, max_epsilon_per_report=10.0
+    )
+    clock = FakeClock()
+    path = tmp_path / LEDGER_FILE
+    first = PrivacyLedger(tmp_path, limits, clock=clock)
+    first.debit("a", 10.0)
+    first.release()
+    backup = path.read_bytes()
+    first.debit("a", 10.0)
+    first.release()
+    path.write_bytes(backup)  # restored, valid: its own checksum matches
+
+    restored = PrivacyLedger(tmp_path, limits, clock=clock)
+    assert "older than its high-water mark" in caplog.text
+    with pytest.raises(BudgetExhaustedError, match="above the cap of 20"):
+        restored.debit("a", 10.0)
+    assert spending(on_disk(tmp_path, limits, clock)) == (0, {"a": 20.0}, 20.0, 20.0)
+
+
+def test_a_ledger_restored_under_a_running_client_is_lifted_at_its_next_read(
+    tmp_path: Path,
+) -> None:
+    limits = make_limits(lifetime=3.0, per_metric_per_period=4.0, total_per_period=8.0)
+    clock = FakeClock()
+    path = tmp_path / LEDGER_FILE
+    ledger = PrivacyLedger(tmp_path, limits, clock=clock)
+    backup = path.read_bytes()
+    ledger.debit("a", 1.0)
+    clock.now += PERIOD
+    ledger.debit("a", 1.0)
+    ledger.debit("a", 1.0)  # lifetime 3: full
+    path.write_bytes(backup)  # period 0, nothing spent
+    with pytest.raises(BudgetExhaustedError, match="lifetime total"):
+        ledger.debit("b", 1.0)
+    status = ledger.status()
+    assert spending(status) == (1, {"a": 2.0}, 2.0, 3.0)
+    assert status.lifetime_per_metric == {"a": 3.0}
+
+
+def test_a_restored_ledger_keeps_its_memoized_charges_and_pins(tmp_path: Path) -> None:
+    """Restored from before a value's first charge and a spec's pin: the lifetime figures
+    come back from the mark (the value, charged again, over-counts: never under), and the
+    pin too, so a changed spec is still refused."""
+    limits, clock = make_limits(per_metric_per_period=4.0, total_per_period=8.0), FakeClock()
+    path = tmp_path / LEDGER_FILE
+    ledger = PrivacyLedger(tmp_path, limits, clock=clock)
+    backup = path.read_bytes()
+    ledger.pin(served("m", 0.5), SPEC)
+    ledger.debit_memoized("m", SPEC, b"v", MEMO)
+    path.write_bytes(backup)
+
+    restored = PrivacyLedger(tmp_path, limits, clock=clock)
+    status = restored.status()
+    assert (status.spent_lifetime, status.memoized_values_per_metric) == (0.5, {"m": 1})
+    with pytest.raises(SpecChangedError):
+        restored.pin(served("m", 1.0), OTHER_SPEC)
+
+
+def test_every_write_advances_the_generation_and_the_mark(tmp_path: Path) -> None:
+    limits, clock = make_limits(), FakeClock()
+    ledger = PrivacyLedger(tmp_path, limits, clock=clock)
+    generations = []
+    for _ in range(3):
+        ledger.debit("a", 0.25)
+        ledger.release()
+        state = json.loads(json.loads((tmp_path / LEDGER_FILE).read_bytes())["state"])
+        mark = json.loads(json.loads((tmp_path / MARK_FILE).read_bytes())["mark"])
+        assert mark["generation"] == state["generation"]
+        assert mark["spent_lifetime"] == state["spent_lifetime"]
+        generations.append(state["generation"])
+    assert generations == sorted(set(generations))
+
+
+def test_a_deleted_mark_is_written_again(tmp_path: Path) -> None:
+    limits, clock = make_limits(), FakeClock()
+    PrivacyLedger(tmp_path, limits, clock=clock).debit("a", 0.5)
+    (tmp_path / MARK_FILE).unlink()
+    ledger = PrivacyLedger(tmp_path, limits, clock=clock)
+    ledger.debit("a", 0.25)
+    assert (tmp_path / MARK_FILE).exists()
+    assert on_disk(tmp_path, limits, clock).spent_lifetime == 0.75
+
+
+def _mark_of_another_ledger(tmp_path: Path) -> bytes:
+    other = tmp_path / "other"
+    PrivacyLedger(other, make_limits(), clock=FakeClock(START + 1.0)).debit("a", 0.5)
+    return (other / MARK_FILE).read_bytes()
+
+
+BAD_MARKS: dict[str, Callable[[Path, bytes], bytes]] = {
+    "truncated": lambda _, raw: raw[: len(raw) // 2],
+    "bad checksum": lambda _, raw: raw.replace(b'"checksum": "', b'"checksum": "0', 1),
+    "unknown format": lambda _, raw: json.dumps(
+        {
+            "checksum": hashlib.sha256(b'{"format":9}').hexdigest(),
+            "mark": '{"format":9}',
+        }
+    ).encode(),
+    "another ledger's": lambda directory, _: _mark_of_another_ledger(directory),
+}
+
+
+@pytest.mark.parametrize("damage", BAD_MARKS, ids=list(BAD_MARKS))
+def test_a_bad_mark_fails_closed(tmp_path: Path, damage: str) -> None:
+    limits, clock = make_limits(), FakeClock()
+    directory = tmp_path / "device"
+    PrivacyLedger(directory, limits, clock=clock).debit("a", 0.5)
+    mark = directory / MARK_FILE
+    mark.write_bytes(BAD_MARKS[damage](tmp_path, mark.read_bytes()))
+    with pytest.raises(LedgerCorruptError, match="high-water mark"):
+        PrivacyLedger(directory, limits, clock=clock)
+
+
+# --- spec pins -------------------------------------------------------------------------------
+
+
+def served(name: str, epsilon: float, version: int = 1) -> MetricSpec:
+    return MetricSpec.model_validate(
+        {
+            "name": name,
+            "version": version,
+            "mechanism": {"mechanism": "grr", "epsilon": epsilon, "domain_size": 3},
+        }
+    )
+
+
+def test_a_pin_is_durable_and_refuses_another_spec_without_writing(tmp_path: Path) -> None:
+    limits, clock = make_limits(), FakeClock()
+    ledger = PrivacyLedger(tmp_path, limits, clock=clock)
+    ledger.pin(served("m", 0.5), SPEC)
+    ledger.pin(served("m", 0.5), SPEC)  # the same spec again: nothing to do
+    ledger.pin(served("m", 1.0, version=2), OTHER_SPEC)  # another version: its own pin
+    before = (tmp_path / LEDGER_FILE).read_bytes()
+    for opened in (ledger, PrivacyLedger(tmp_path, limits, clock=clock)):
+        with pytest.raises(SpecChangedError, match=r"m version 1 .*\(epsilon 0.5 -> 1\)"):
+            opened.pin(served("m", 1.0), OTHER_SPEC)
+    assert (tmp_path / LEDGER_FILE).read_bytes() == before
+    with pytest.raises(ValueError, match="32 bytes"):
+        ledger.pin(served("n", 0.5), b"short")
 
 
 # --- two processes --------------------------------------------------------------------------
@@ -640,19 +803,19 @@ MEMO = MemoizedCost(per_value=0.5, per_report=0.125)
 def test_memoized_value_costs_its_lifetime_epsilon_once(tmp_path: Path) -> None:
     limits, clock = make_limits(per_metric_per_period=4.0, total_per_period=8.0), FakeClock()
     ledger = PrivacyLedger(tmp_path, limits, clock=clock)
-    ledger.debit_memoized("s", 1, b"v", MEMO)  # new: 0.5 for life, 0.125 this period
+    ledger.debit_memoized("s", SPEC, b"v", MEMO)  # new: 0.5 for life, 0.125 this period
     assert spending(on_disk(tmp_path, limits, clock)) == (0, {"s": 0.125}, 0.125, 0.5)
-    ledger.debit_memoized("s", 1, b"v", MEMO)  # second this period: tops up to 0.5
+    ledger.debit_memoized("s", SPEC, b"v", MEMO)  # second this period: tops up to 0.5
     assert spending(on_disk(tmp_path, limits, clock)) == (0, {"s": 0.5}, 0.5, 0.5)
     for _ in range(3):  # later repeats this period: nothing more
-        ledger.debit_memoized("s", 1, b"v", MEMO)
+        ledger.debit_memoized("s", SPEC, b"v", MEMO)
     assert spending(on_disk(tmp_path, limits, clock)) == (0, {"s": 0.5}, 0.5, 0.5)
-    ledger.debit_memoized("s", 1, b"w", MEMO)  # another value: its own lifetime charge
+    ledger.debit_memoized("s", SPEC, b"w", MEMO)  # another value: its own lifetime charge
     assert spending(on_disk(tmp_path, limits, clock)) == (0, {"s": 0.625}, 0.625, 1.0)
 
     clock.now += PERIOD  # next period: a known value costs only its report
     restarted = PrivacyLedger(tmp_path, limits, clock=clock)  # remembered across restarts
-    restarted.debit_memoized("s", 1, b"v", MEMO)
+    restarted.debit_memoized("s", SPEC, b"v", MEMO)
     assert spending(on_disk(tmp_path, limits, clock)) == (1, {"s": 0.125}, 0.125, 1.0)
     status = on_disk(tmp_path, limits, clock)
     assert status.lifetime_per_metric == {"s": 1.0}
@@ -665,62 +828,65 @@ def test_second_report_of_a_value_in_a_period_is_charged_even_after_a_restart(
     """Which keys a period has seen is on disk: a restarted ledger tops up, never re-charges
     a first report, and stops charging once the key's period charge is complete."""
     limits, clock = make_limits(per_metric_per_period=4.0, total_per_period=8.0), FakeClock()
-    PrivacyLedger(tmp_path, limits, clock=clock).debit_memoized("s", 1, b"v", MEMO)
-    PrivacyLedger(tmp_path, limits, clock=clock).debit_memoized("s", 1, b"v", MEMO)
-    PrivacyLedger(tmp_path, limits, clock=clock).debit_memoized("s", 1, b"v", MEMO)
+    PrivacyLedger(tmp_path, limits, clock=clock).debit_memoized("s", SPEC, b"v", MEMO)
+    PrivacyLedger(tmp_path, limits, clock=clock).debit_memoized("s", SPEC, b"v", MEMO)
+    PrivacyLedger(tmp_path, limits, clock=clock).debit_memoized("s", SPEC, b"v", MEMO)
     assert spending(on_disk(tmp_path, limits, clock)) == (0, {"s": 0.5}, 0.5, 0.5)
 
 
-def test_memoized_value_identity_is_metric_version_and_value(tmp_path: Path) -> None:
+def test_memoized_value_identity_is_spec_and_value(tmp_path: Path) -> None:
+    """A value is charged once per spec hash, never per metric name and version: the same
+    value under another spec (a changed spec, another version) is charged again."""
     limits, clock = make_limits(per_metric_per_period=4.0, total_per_period=8.0), FakeClock()
     ledger = PrivacyLedger(tmp_path, limits, clock=clock)
-    for metric, version, value in [("s", 1, b"v"), ("s", 2, b"v"), ("t", 1, b"v"), ("s", 1, b"V")]:
-        ledger.debit_memoized(metric, version, value, MEMO)
+    for metric, spec, value in [
+        ("s", SPEC, b"v"),
+        ("s", OTHER_SPEC, b"v"),
+        ("t", SPEC, b"w"),
+        ("s", SPEC, b"V"),
+    ]:
+        ledger.debit_memoized(metric, spec, value, MEMO)
     status = on_disk(tmp_path, limits, clock)
     assert status.spent_lifetime == 4 * 0.5
     assert status.memoized_values_per_metric == {"s": 3, "t": 1}
     assert status.lifetime_per_metric == {"s": 1.5, "t": 0.5}
-    assert len({ledger.value_key("s", 1, b"v"), ledger.value_key("s", 1, b"vv")}) == 2
-    # Length-prefixed: a metric name cannot run into the version and value.
-    assert ledger.value_key("s", 1, b"v") != ledger.value_key("s\x00", 1, b"v")
+    assert len({ledger.value_key(SPEC, b"v"), ledger.value_key(SPEC, b"vv")}) == 2
+    with pytest.raises(ValueError, match="32 bytes"):
+        ledger.value_key(SPEC[:-1], b"v")
 
 
 def test_ledger_keeps_keyed_hashes_of_values_never_the_values(tmp_path: Path) -> None:
     limits, clock = make_limits(), FakeClock()
     ledger = PrivacyLedger(tmp_path, limits, clock=clock)
-    ledger.debit_memoized("browser.home", 1, b"secret-home-page.example", MEMO)
+    ledger.debit_memoized("browser.home", SPEC, b"secret-home-page.example", MEMO)
     raw = (tmp_path / LEDGER_FILE).read_bytes()
     assert b"secret-home-page" not in raw
     state = json.loads(json.loads(raw)["state"])
     key = hmac.new(
         bytes.fromhex(state["device_secret"]),
-        b"ldp ledger value v1\x00"
-        + len(b"browser.home").to_bytes(4, "big")
-        + b"browser.home"
-        + (1).to_bytes(8, "big")
-        + b"secret-home-page.example",
+        b"ldp ledger value v2\x00" + SPEC + b"secret-home-page.example",
         hashlib.sha256,
     ).hexdigest()
-    assert state["charged_values"] == [key] and state["format"] == 3
+    assert state["charged_values"] == [key] and state["format"] == 4
     assert state["reported_this_period"] == {key: 1}
 
 
 def test_new_memoized_value_refused_by_a_cap_spends_nothing(tmp_path: Path) -> None:
     limits, clock = make_limits(lifetime=1.0, per_metric_per_period=4.0), FakeClock()
     ledger = PrivacyLedger(tmp_path, limits, clock=clock)
-    ledger.debit_memoized("s", 1, b"a", MEMO)
-    ledger.debit_memoized("s", 1, b"b", MEMO)  # lifetime 1.0: full
+    ledger.debit_memoized("s", SPEC, b"a", MEMO)
+    ledger.debit_memoized("s", SPEC, b"b", MEMO)  # lifetime 1.0: full
     before = spending(on_disk(tmp_path, limits, clock))
     with pytest.raises(BudgetExhaustedError, match="lifetime.*first report of a new value"):
-        ledger.debit_memoized("s", 1, b"c", MEMO)
+        ledger.debit_memoized("s", SPEC, b"c", MEMO)
     after = spending(on_disk(tmp_path, limits, clock))
     assert after == before
     # A value already charged may still be reported: it costs no lifetime budget.
-    ledger.debit_memoized("s", 1, b"a", MEMO)
+    ledger.debit_memoized("s", SPEC, b"a", MEMO)
     assert on_disk(tmp_path, limits, clock).spent_lifetime == 1.0
     # And a new value is still refused (not charged by the refusal, not charged since).
     with pytest.raises(BudgetExhaustedError):
-        ledger.debit_memoized("s", 1, b"c", MEMO)
+        ledger.debit_memoized("s", SPEC, b"c", MEMO)
     assert on_disk(tmp_path, limits, clock).memoized_values_per_metric == {"s": 2}
 
 
@@ -730,13 +896,13 @@ def test_period_caps_bound_memoized_reports(tmp_path: Path) -> None:
     limits, clock = make_limits(per_metric_per_period=0.625), FakeClock()
     ledger = PrivacyLedger(tmp_path, limits, clock=clock)
     for _ in range(50):
-        ledger.debit_memoized("s", 1, b"v", MEMO)
-    ledger.debit_memoized("s", 1, b"w", MEMO)
+        ledger.debit_memoized("s", SPEC, b"v", MEMO)
+    ledger.debit_memoized("s", SPEC, b"w", MEMO)
     with pytest.raises(BudgetExhaustedError, match="above the cap.*second report of one value"):
-        ledger.debit_memoized("s", 1, b"w", MEMO)
+        ledger.debit_memoized("s", SPEC, b"w", MEMO)
     assert spending(on_disk(tmp_path, limits, clock)) == (0, {"s": 0.625}, 0.625, 1.0)
     clock.now += PERIOD  # a new period: w's first report of it fits again
-    ledger.debit_memoized("s", 1, b"w", MEMO)
+    ledger.debit_memoized("s", SPEC, b"w", MEMO)
     assert spending(on_disk(tmp_path, limits, clock)) == (1, {"s": 0.125}, 0.125, 1.0)
 
 
@@ -744,7 +910,7 @@ def test_first_report_of_a_value_larger_than_the_per_metric_cap_is_refused(tmp_p
     limits, clock = make_limits(per_metric_per_period=0.0625), FakeClock()
     ledger = PrivacyLedger(tmp_path, limits, clock=clock)
     with pytest.raises(BudgetExhaustedError, match="above the cap of 0.0625"):
-        ledger.debit_memoized("s", 1, b"v", MEMO)  # the period pays 0.125
+        ledger.debit_memoized("s", SPEC, b"v", MEMO)  # the period pays 0.125
     assert spending(on_disk(tmp_path, limits, clock)) == (0, {}, 0.0, 0.0)
     assert on_disk(tmp_path, limits, clock).memoized_values_per_metric == {}
 
@@ -754,9 +920,9 @@ def test_memoized_and_plain_debits_of_one_metric_do_not_mix(tmp_path: Path) -> N
     memoized repeats do not, whatever order they come in."""
     limits, clock = make_limits(per_metric_per_period=4.0, total_per_period=8.0), FakeClock()
     ledger = PrivacyLedger(tmp_path, limits, clock=clock)
-    ledger.debit_memoized("s", 1, b"v", MEMO)
+    ledger.debit_memoized("s", SPEC, b"v", MEMO)
     for _ in range(4):
-        ledger.debit_memoized("s", 1, b"v", MEMO)  # period up to 0.5 in all
+        ledger.debit_memoized("s", SPEC, b"v", MEMO)  # period up to 0.5 in all
         ledger.debit("s", 0.25)  # period and lifetime 0.25
     ledger.release()
     status = on_disk(tmp_path, limits, clock)
@@ -764,33 +930,40 @@ def test_memoized_and_plain_debits_of_one_metric_do_not_mix(tmp_path: Path) -> N
     assert status.lifetime_per_metric == {"s": 1.5}
 
 
-@pytest.mark.parametrize("old_format", [1, 2])
+@pytest.mark.parametrize("old_format", [1, 2, 3])
 def test_older_ledger_is_read_and_upgraded(tmp_path: Path, old_format: int) -> None:
+    """A ledger written by older code (no mark beside it) is read and written back as
+    format 4. Its charged-key hashes were keyed by name and version, as its memo was:
+    they are dropped, and a value reported again pays again, under its spec's memo."""
     limits, clock = make_limits(), FakeClock()
     ledger = PrivacyLedger(tmp_path, limits, clock=clock)
     ledger.debit("a", 0.5)
-    ledger.debit_memoized("s", 1, b"v", MEMO)
+    ledger.debit_memoized("s", SPEC, b"v", MEMO)
     path = tmp_path / LEDGER_FILE
 
     def to_old_format(state: dict) -> None:
         state.update(format=old_format)
-        for field in ("lifetime_per_metric", "memoized_values_per_metric"):
-            del state[field]
-        del state["reported_this_period"]
+        del state["pins"], state["generation"]
+        if old_format < 3:
+            for field in ("lifetime_per_metric", "memoized_values_per_metric"):
+                del state[field]
+            del state["reported_this_period"]
         if old_format == 1:
             del state["charged_values"]
 
     path.write_bytes(_rewrite_state(path.read_bytes(), to_old_format, True))
+    (tmp_path / MARK_FILE).unlink()  # older code kept no mark
     reopened = PrivacyLedger(tmp_path, limits, clock=clock)
     assert reopened.device_secret == ledger.device_secret
-    status = reopened.status()  # read as having no per-metric lifetime figures yet
-    assert (status.lifetime_per_metric, status.memoized_values_per_metric) == ({}, {})
-    reopened.debit_memoized("s", 1, b"v", MEMO)
+    status = reopened.status()
+    before = {"a": 0.5, "s": 0.5} if old_format == 3 else {}
+    assert status.lifetime_per_metric == before
+    reopened.debit_memoized("s", SPEC, b"v", MEMO)
     state = json.loads(json.loads(path.read_bytes())["state"])
-    assert state["format"] == 3 and len(state["charged_values"]) == 1
-    # Format 2 knew v was charged: no second lifetime charge; format 1 did not.
-    assert state["spent_lifetime"] == (1.5 if old_format == 1 else 1.0)
-    assert state["memoized_values_per_metric"] == ({"s": 1} if old_format == 1 else {})
+    assert state["format"] == 4 and len(state["charged_values"]) == 1
+    assert state["spent_lifetime"] == 1.5
+    assert state["memoized_values_per_metric"] == {"s": 2 if old_format == 3 else 1}
+    assert (tmp_path / MARK_FILE).exists()
 
 
 def test_nonsense_memoized_costs_are_refused() -> None:
@@ -803,14 +976,14 @@ def test_memoized_report_above_the_per_report_limit_is_refused(tmp_path: Path) -
     limits, clock = make_limits(max_epsilon_per_report=0.1), FakeClock()
     ledger = PrivacyLedger(tmp_path, limits, clock=clock)
     with pytest.raises(BudgetExhaustedError, match="per report"):
-        ledger.debit_memoized("s", 1, b"v", MEMO)
+        ledger.debit_memoized("s", SPEC, b"v", MEMO)
     assert spending(on_disk(tmp_path, limits, clock)) == (0, {}, 0.0, 0.0)
 
 
 def debit_until_refused_memoized(ledger: PrivacyLedger, value: bytes, most: int = 1000) -> int:
     for done in range(most):
         try:
-            ledger.debit_memoized("s", 1, value, MEMO)
+            ledger.debit_memoized("s", SPEC, value, MEMO)
         except BudgetExhaustedError:
             return done
     return most

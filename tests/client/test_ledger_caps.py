@@ -3,6 +3,7 @@ a tolerance of 1e-12 of the cap, whatever the cap's scale."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ def limits(per_metric: float) -> BudgetLimits:
     return BudgetLimits(
         per_metric_per_period=per_metric,
         total_per_period=10 * per_metric,
+        lifetime=math.inf,  # only the period caps are under test
         max_epsilon_per_report=per_metric * 2,
     )
 

@@ -5,7 +5,7 @@ ledger and device secret, so its own permanent responses), recording through ``r
 with their clocks injected one simulated day at a time, and uploading over HTTP to a real
 ``aggregator.cli serve`` process (fixture ``aggregator`` in ``conftest.py``). The other
 1,500 take the SDK's mechanism path without its ledger and outbox: the same
-``encode(values, memo=KeyedMemo(secret, memo_scope(metric, version)))`` with a random
+``encode(values, memo=KeyedMemo(secret, spec_scope(spec_hash(spec))))`` with a random
 32-byte secret per device, the same payloads, posted over HTTP a day at a time. (2,000
 SDK devices cost 35 s of the device side's CPU alone, about 17 ms per device for its 30
 records, uploads and state; 500 keep the test near 10 s.)
@@ -41,8 +41,9 @@ from client.sdk import random_uuid4
 from client.specs import SPECS_FILE
 from shared.mechanisms import make_mechanism
 from shared.mechanisms.lgrr import LongitudinalGRR
-from shared.memo import KeyedMemo, memo_scope
-from shared.schemas import MechanismSpec
+from shared.memo import KeyedMemo, spec_scope
+from shared.schemas import MechanismSpec, MetricSpec
+from shared.spec_hash import spec_hash
 
 DEVICES = 2_000
 #: Devices that are ``TelemetryClient``s (the first ones); the others post through the
@@ -230,7 +231,8 @@ def test_two_thousand_devices_report_daily_for_thirty_days(
         outcomes = list(pool.map(sdk_device, range(SDK_DEVICES)))
 
     others = values[SDK_DEVICES:]
-    memo = KeyedMemo([os.urandom(32) for _ in others], memo_scope(METRIC, version))
+    served = MetricSpec.model_validate(next(item for item in specs if item["name"] == METRIC))
+    memo = KeyedMemo([os.urandom(32) for _ in others], spec_scope(spec_hash(served)))
     for day in range(DAYS):
         payloads = mechanism.to_payloads(mechanism.encode(others[:, day], memo=memo))
         post_day(aggregator, payloads, version, origin + day * DAY + 3600)

@@ -13,12 +13,15 @@ day. What is checked:
   under-charges (a child process: this file run as a script);
 * memo stability: the same value gives the same permanent response across restarts and
   processes, and another state directory (another device secret) an independent one;
-* the device's per-report limit applies to ``epsilon_report``.
+* the device's per-report limit applies to ``epsilon_report``, and its limit on one
+  value's lifetime epsilon (finite by default) to ``epsilon``: a spec above either is
+  refused before anything is spent.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -35,12 +38,13 @@ import pytest
 from client import BudgetExhaustedError, BudgetLimits, MemoizedCost, SpecError, TelemetryClient
 from client.ledger import PrivacyLedger
 from client.outbox import Outbox
-from client.sdk import memoized_cost
+from client.sdk import memoized_cost, rappor_secret
 from shared.mechanisms import Rappor, make_mechanism
 from shared.mechanisms.dbitflip import DBitFlip
 from shared.mechanisms.lgrr import LongitudinalGRR, grr_matrix
-from shared.memo import KeyedMemo, memo_scope
-from shared.schemas import MechanismSpec
+from shared.memo import KeyedMemo, spec_scope
+from shared.schemas import MechanismSpec, MetricSpec
+from shared.spec_hash import spec_hash
 
 DAY = 86_400.0
 #: 2026-01-01T00:30:00Z: the device's clock on day 0 (reports stamped 2026-01-01T00:00Z).
@@ -73,6 +77,18 @@ OTHERS: dict[str, dict[str, Any]] = {
     "mem.loud": {"mechanism": "lgrr", "epsilon": 3.5, "epsilon_report": 3.0, "domain_size": 4},
     #: A permanent response kept by most reports (p2 = 0.84) that is often not the value.
     "mem.sticky": {"mechanism": "lgrr", "epsilon": 1.5, "epsilon_report": 1.2, "domain_size": 4},
+    #: Cheap per report, 20 per value for life: what a greedy server asks.
+    "mem.greedy": {"mechanism": "lgrr", "epsilon": 20.0, "epsilon_report": 0.4, "domain_size": 4},
+    #: RAPPOR whose instantaneous response is the identity: a report is its PRR.
+    "str.prr": {
+        "mechanism": "rappor",
+        "num_bits": 16,
+        "num_hashes": 1,
+        "num_cohorts": 8,
+        "f": 0.5,
+        "p": 0.0,
+        "q": 1.0,
+    },
 }
 LABELS = {"mem.lgrr": [f"secret-label-{i:02d}-7731" for i in range(16)]}
 VERSION = 3
@@ -82,6 +98,11 @@ VALUE: dict[str, int | float] = {name: 3 for name in MEMOIZED} | {"mem.onebitmea
 
 def spec_of(name: str) -> MechanismSpec:
     return MechanismSpec.model_validate({**MEMOIZED, **OTHERS}[name])
+
+
+def served_spec(name: str) -> MetricSpec:
+    """The metric ``name`` as the fake aggregator serves it."""
+    return MetricSpec.model_validate(next(m for m in served_metrics() if m["name"] == name))
 
 
 def served_metrics() -> list[dict[str, Any]]:
@@ -297,9 +318,12 @@ def test_memoized_cost_covers_every_memoized_mechanism_and_rappor() -> None:
 def test_the_per_report_limit_applies_to_epsilon_report(
     open_client: Callable[..., TelemetryClient], state_root: Path
 ) -> None:
-    """A device that allows 2 per report takes an lgrr metric of epsilon 6 for life and 1 per
-    report, and refuses a one-shot metric at 3 and an lgrr metric at 3 per report."""
-    limits = BudgetLimits(max_epsilon_per_report=2.0, period_seconds=DAY)
+    """A device that allows 2 per report (and 6 per value for life) takes an lgrr metric of
+    epsilon 6 for life and 1 per report, and refuses a one-shot metric at 3 and an lgrr
+    metric at 3 per report."""
+    limits = BudgetLimits(
+        max_epsilon_per_report=2.0, max_value_lifetime_epsilon=6.0, period_seconds=DAY
+    )
     client = open_client(state_root, FakeClock(), limits=limits)
     client.record("mem.wide", 2)
     status = client.budget()
@@ -308,6 +332,33 @@ def test_the_per_report_limit_applies_to_epsilon_report(
         with pytest.raises(SpecError, match="asks for epsilon 3 per report.*limit of 2"):
             client.record(metric, 1)
     assert client.queued == 1
+
+
+def test_default_limits_refuse_a_greedy_lifetime_epsilon(
+    open_client: Callable[..., TelemetryClient], state_root: Path
+) -> None:
+    """Default ``BudgetLimits``: lgrr at 0.4 per report but 20 per value for life is refused
+    before anything is spent or queued (the device's limit is 4 per value), and so is an
+    lgrr metric at 6 for life; an app that raises the limit to 6 takes the latter, and the
+    lifetime total (finite by default) refuses a spec above it the same way."""
+    assert BudgetLimits().max_value_lifetime_epsilon == 4.0
+    assert math.isfinite(BudgetLimits().lifetime)
+    client = open_client(state_root / "default", FakeClock())
+    for metric, epsilon in (("mem.greedy", 20), ("mem.wide", 6)):
+        with pytest.raises(SpecError, match=f"epsilon {epsilon} for life per value.*limit of 4"):
+            client.record(metric, 1)
+    assert client.queued == 0 and client.budget().spent_lifetime == 0.0
+
+    raised = BudgetLimits(max_value_lifetime_epsilon=6.0, period_seconds=DAY)
+    client = open_client(state_root / "raised", FakeClock(), limits=raised)
+    client.record("mem.wide", 1)
+    assert client.budget().spent_lifetime == 6.0
+
+    small = BudgetLimits(lifetime=5.0, max_value_lifetime_epsilon=6.0, period_seconds=DAY)
+    client = open_client(state_root / "small", FakeClock(), limits=small)
+    with pytest.raises(SpecError, match="epsilon 6 at once.*lifetime total of 5"):
+        client.record("mem.wide", 1)
+    assert client.queued == 0 and client.budget().spent_lifetime == 0.0
 
 
 def test_no_raw_value_is_kept_or_sent(
@@ -432,9 +483,10 @@ def test_kill_nine_between_charge_and_report_never_under_charges(
 
 
 def device_memo(state_dir: Path, metric: str, size: int = 1) -> KeyedMemo:
-    """The memo of a device's metric, from the secret in its ledger on disk."""
+    """The memo of a device's metric, from the secret in its ledger on disk and the hash of
+    the spec served."""
     secret = PrivacyLedger(state_dir, BudgetLimits(period_seconds=DAY)).device_secret
-    return KeyedMemo(secret, memo_scope(metric, VERSION), size)
+    return KeyedMemo(secret, spec_scope(spec_hash(served_spec(metric))), size)
 
 
 def test_same_value_same_permanent_response_across_restarts_and_processes(
@@ -487,6 +539,34 @@ def test_same_value_same_permanent_response_across_restarts_and_processes(
         assert stats.chisquare(counts, stateless).pvalue < P_FLOOR, counts
 
 
+def test_rappor_randomness_comes_from_the_spec_hash(
+    open_client: Callable[..., TelemetryClient], fake: FakeAggregator, state_root: Path
+) -> None:
+    """A RAPPOR report's cohort and permanent bits are those of the secret
+    ``rappor_secret(device secret, spec hash)`` = HMAC(device secret, label || spec hash)
+    (here the instantaneous response is the identity, so a report is its PRR); a wrong
+    secret would match three reports' cohorts and 16 bits each by chance with probability
+    below 1e-12."""
+    values = ["a.example", "b.example", "c.example"]
+    limits = BudgetLimits(per_metric_per_period=16.0, period_seconds=DAY)
+    client = open_client(state_root, FakeClock(), limits=limits)
+    for value in values:
+        client.record_string("str.prr", value)
+    assert client.close(timeout=5.0)
+    spec = served_spec("str.prr")
+    mechanism = make_mechanism(spec.mechanism)
+    assert isinstance(mechanism, Rappor)
+    device = PrivacyLedger(state_root, BudgetLimits(period_seconds=DAY)).device_secret
+    secret = rappor_secret(device, spec_hash(spec))
+    cohort = mechanism.assign_cohort(secret)
+    blooms = mechanism.bloom_packed(values, [cohort] * len(values))
+    reports = np.zeros(len(values), dtype=mechanism.report_dtype)
+    reports["cohort"] = cohort
+    reports["bits"] = mechanism.permanent_response(blooms, secret)
+    expected = mechanism.to_payloads(reports)
+    assert [report["payload"] for report in fake.reports] == expected
+
+
 def test_other_device_secrets_give_independent_permanent_responses(state_root: Path) -> None:
     """400 devices (state directories, each with its own secret): the permanent responses
     of two values of each device fit the product of the permanent law's rows (chi-square
@@ -500,7 +580,7 @@ def test_other_device_secrets_give_independent_permanent_responses(state_root: P
     limits = BudgetLimits(period_seconds=DAY)
     secrets = [PrivacyLedger(state_root / f"d{i}", limits).device_secret for i in range(devices)]
     assert len(set(secrets)) == devices
-    memo = KeyedMemo(secrets, memo_scope("mem.sticky", VERSION))
+    memo = KeyedMemo(secrets, spec_scope(spec_hash(served_spec("mem.sticky"))))
     first = mechanism.permanent(np.full(devices, 0), memo)
     second = mechanism.permanent(np.full(devices, 2), memo)
     table = np.zeros((d, d))

@@ -19,6 +19,7 @@ import pytest
 
 from client import BudgetLimits, SpecError, TelemetryClient
 from client.specs import SPECS_FILE, SpecCache
+from shared.spec_hash import spec_hash
 
 #: Deadline for waiting on the background thread (reached only if it hangs).
 PATIENCE = 20.0
@@ -144,6 +145,14 @@ def test_refresh_installs_new_versions_when_due(tmp_path: Path) -> None:
     spec = cache.get("app.theme")
     assert (spec.version, spec.mechanism.mechanism, spec.labels) == (2, "oue", None)
     assert SpecCache(tmp_path, lambda: []).get("app.theme").version == 2  # on disk too
+
+
+def test_each_spec_is_installed_with_its_hash(tmp_path: Path) -> None:
+    """``get_hashed`` gives the spec and its ``spec_hash``, the same from the cache on disk."""
+    cache = SpecCache(tmp_path, lambda: [THEME])
+    spec, digest = cache.get_hashed("app.theme")
+    assert digest == spec_hash(spec) and spec == cache.get("app.theme")
+    assert SpecCache(tmp_path, lambda: []).get_hashed("app.theme") == (spec, digest)
 
 
 # --- through TelemetryClient ---------------------------------------------------------------
@@ -289,3 +298,23 @@ def test_a_raised_epsilon_is_refused_once_the_specs_are_refreshed(
     with pytest.raises(SpecError, match="version 2.*limit"):
         client.record("app.theme", "dark")
     assert client.budget().spent_lifetime == spent
+
+
+def test_a_new_description_under_the_same_version_is_not_a_changed_spec(
+    tmp_path: Path, clients: list[TelemetryClient]
+) -> None:
+    """The aggregator keeps a version when only the description changes, and may spell a
+    default out: neither is a different spec, and the device keeps recording."""
+    aggregator = FakeAggregator([THEME])
+    client = aggregator.client(tmp_path)
+    clients.append(client)
+    client.record("app.theme", "dark")
+    aggregator.metrics = [
+        {**THEME, "description": "reworded", "mechanism": {**THEME["mechanism"], "epsilon": 1}}
+    ]
+    client.close(timeout=5.0)
+    (tmp_path / SPECS_FILE).unlink()  # fetch the new list at the next start
+    restarted = aggregator.client(tmp_path)
+    clients.append(restarted)
+    restarted.record("app.theme", "light")
+    assert restarted.budget().spent_lifetime == 2.0

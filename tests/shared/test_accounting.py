@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import shared.accounting as accounting
@@ -337,3 +338,123 @@ def test_calibration_work_is_bounded(
     )
     assert all(0 < n <= MAX_CALIBRATION_EVALUATIONS for n in counts.values()), counts
     assert gaussian_epsilon(z, q, steps, delta, "pld", value_discretization_interval=1e-3) <= target
+
+
+# --------------------------------------------------------------------------------------
+# The discrete Gaussian: zCDP, Poisson subsampling, sums of shares
+# --------------------------------------------------------------------------------------
+
+
+def _true_subsampled_dg_rdp(sigma: float, q: float, alpha: int) -> float:
+    """max(D_alpha(M || P), D_alpha(P || M)) for P = N_Z(0, sigma^2), Q = N_Z(1, sigma^2)
+    and M = (1 - q) P + q Q (one coordinate, sensitivity 1), by direct summation over
+    |y| <= 60 sigma + 60 in log space (the rest is below exp(-1800))."""
+    from scipy.special import logsumexp
+
+    reach = math.ceil(60 * sigma) + 60
+    y = np.arange(-reach, reach + 1, dtype=np.float64)
+    log_p = -(y**2) / (2 * sigma**2)
+    log_p -= logsumexp(log_p)
+    log_q = -((y - 1) ** 2) / (2 * sigma**2)
+    log_q -= logsumexp(log_q)
+    log_m = np.logaddexp(math.log1p(-q) + log_p, math.log(q) + log_q)
+    forward = logsumexp(alpha * log_m - (alpha - 1) * log_p) / (alpha - 1)
+    backward = logsumexp(alpha * log_p - (alpha - 1) * log_m) / (alpha - 1)
+    return float(max(forward, backward))
+
+
+def _subsampled_gaussian_rdp(sigma: float, q: float, alpha: int) -> float:
+    """The continuous subsampled Gaussian's exact RDP at an integer order (Mironov, Talwar
+    and Zhang 2019): log(sum_l C(alpha, l) (1-q)^(alpha-l) q^l e^((l^2 - l) / (2 sigma^2)))
+    / (alpha - 1)."""
+    from scipy.special import gammaln, logsumexp
+
+    ell = np.arange(alpha + 1, dtype=np.float64)
+    terms = (
+        gammaln(alpha + 1.0) - gammaln(ell + 1.0) - gammaln(alpha - ell + 1.0)
+        + (alpha - ell) * math.log1p(-q) + ell * math.log(q) + (ell**2 - ell) / (2 * sigma**2)
+    )  # fmt: skip
+    return float(logsumexp(terms)) / (alpha - 1)
+
+
+@pytest.mark.parametrize("sigma", [0.7, 1.0, 2.5])
+@pytest.mark.parametrize("q", [0.01, 0.1, 0.5])
+def test_discrete_rdp_bounds_the_true_divergences(sigma: float, q: float) -> None:
+    """Zhu and Wang's bound from the zCDP curve is above the Renyi divergence of the
+    subsampled discrete Gaussian, both directions, computed directly; and above the
+    continuous Gaussian's exact RDP, equal to it at order 2 (the sum has no term with the
+    factor 3 there)."""
+    orders = (2, 3, 5, 10, 32)
+    ours = accounting.discrete_gaussian_rdp(sigma, q, orders)
+    for order, bound in zip(orders, ours, strict=True):
+        assert bound >= _true_subsampled_dg_rdp(sigma, q, order) * (1 - 1e-9)
+        continuous = _subsampled_gaussian_rdp(sigma, q, order)
+        assert bound >= continuous * (1 - 1e-9)
+        if order == 2:
+            assert bound == pytest.approx(continuous, rel=1e-9)
+
+
+def test_unsampled_discrete_rdp_is_the_zcdp_line() -> None:
+    """q = 1: alpha / (2 z^2) at every order, the continuous Gaussian's RDP: equal epsilons
+    by the RDP method (the rounding's cost is in the noise, not here)."""
+    orders = (1.5, 2.0, 7.0, 64.0)
+    assert accounting.discrete_gaussian_rdp(1.3, 1.0, orders) == pytest.approx(
+        tuple(order / (2 * 1.3**2) for order in orders), rel=1e-15
+    )
+    for z, steps in [(0.8, 1), (1.1, 50), (4.0, 1000)]:
+        discrete = gaussian_epsilon(z, 1.0, steps, DELTA, mechanism="discrete_gaussian")
+        assert discrete == pytest.approx(gaussian_epsilon(z, 1.0, steps, DELTA, "rdp"), rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("z", "q", "steps"), [(1.1, 0.01, 1000), (0.8, 0.1, 100), (2.0, 0.3, 20), (1.0, 1.0, 10)]
+)
+def test_discrete_epsilon_is_never_below_the_continuous_figures(
+    z: float, q: float, steps: int
+) -> None:
+    """The discrete Gaussian's epsilon is at least the continuous one by RDP, and at least
+    the continuous PLD figure (which it does not rely on)."""
+    discrete = gaussian_epsilon(z, q, steps, DELTA, mechanism="discrete_gaussian")
+    assert discrete == gaussian_epsilon(z, q, steps, DELTA, "pld", mechanism="discrete_gaussian")
+    assert discrete >= gaussian_epsilon(z, q, steps, DELTA, "rdp") * (1 - 1e-12)
+    assert discrete >= gaussian_epsilon(
+        z, q, steps, DELTA, "pld", value_discretization_interval=FAST_PLD
+    )
+    releases = {(z, q): steps}
+    assert accounting.discrete_gaussian_releases_epsilon(releases, DELTA) == discrete
+
+
+def test_discrete_calibration_meets_the_target_and_needs_more_noise() -> None:
+    z = calibrate_noise_multiplier(2.0, 0.01, 1000, DELTA, mechanism="discrete_gaussian")
+    assert gaussian_epsilon(z, 0.01, 1000, DELTA, mechanism="discrete_gaussian") <= 2.0
+    below = gaussian_epsilon(z * 0.999, 0.01, 1000, DELTA, mechanism="discrete_gaussian")
+    assert below > 2.0
+    assert z >= calibrate_noise_multiplier(
+        2.0, 0.01, 1000, DELTA, "pld", value_discretization_interval=FAST_PLD
+    )
+
+
+def test_the_rounds_accountant_charges_the_discrete_mechanism() -> None:
+    running = accounting.GaussianRoundsAccountant(
+        0.01, DELTA, "pld", {1.1: 999}, mechanism="discrete_gaussian"
+    )
+    assert running.epsilon_after(1.1) == gaussian_epsilon(
+        1.1, 0.01, 1000, DELTA, mechanism="discrete_gaussian"
+    )
+    with pytest.raises(ValueError, match="mechanism"):
+        accounting.GaussianRoundsAccountant(0.01, DELTA, mechanism="laplace")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="mechanism"):
+        gaussian_epsilon(1.0, 0.1, 1, DELTA, mechanism="gauss")  # type: ignore[arg-type]
+
+
+def test_a_sum_of_discrete_shares_is_charged_at_most_its_continuous_multiplier() -> None:
+    """One share: z. Wide shares: z to within 1e-12 (tau is below exp(-900)). Narrow shares:
+    the single share's z / sqrt(n), never more than what Kairouz, Liu and Steinke allow."""
+    charge = accounting.discrete_gaussian_sum_multiplier
+    assert charge(1.3, 0.2, 1, 10) == 1.3
+    assert charge(1.3, 10.0, 100, 500_001) == pytest.approx(1.3, rel=1e-12)
+    assert charge(1.3, 10.0, 100, 500_001) <= 1.3
+    assert charge(1.3, 0.2, 100, 10) == pytest.approx(0.13)
+    tau = 10 * 99 * math.exp(-(math.pi**2) * 1.5**2)
+    kls = 1 / math.sqrt(1.3**-2 + 2 * tau * 1000)
+    assert charge(1.3, 1.5, 100, 1000) == pytest.approx(max(0.13, kls))

@@ -15,11 +15,13 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from shared.memo import FreshMemo, KeyedMemo, SimulatedMemo, memo_scope
+from shared.memo import FreshMemo, KeyedMemo, SimulatedMemo, memo_scope, spec_scope
 from shared.randomness import BITS53, RandomSource
 
 SECRET = bytes(range(32))
-SCOPE = memo_scope("app.theme", 3)
+#: A spec's scope, as a device has it (any 32-byte spec hash).
+SPEC_HASH = hashlib.sha256(b"a spec").digest()
+SCOPE = spec_scope(SPEC_HASH)
 P_FLOOR = 1e-4
 
 
@@ -38,7 +40,10 @@ def reference_words(secret: bytes, scope: bytes, purpose: bytes, key: int, count
     return [int.from_bytes(stream[8 * j : 8 * j + 8], "little") for j in range(count)]
 
 
-def test_scope_names_metric_and_version() -> None:
+def test_scope_names_the_spec_hash() -> None:
+    assert spec_scope(SPEC_HASH) == b"spec sha-256\x00" + SPEC_HASH
+    with pytest.raises(ValueError, match="32 bytes"):
+        spec_scope(SPEC_HASH[:16])
     assert memo_scope("app.theme", 3) == b"app.theme\x00\x00\x00\x00\x03"
 
 
@@ -65,8 +70,8 @@ def test_keyed_memo_is_stable_across_objects_and_rows() -> None:
     "other",
     [
         {"secret": bytes(32)},
-        {"scope": memo_scope("app.theme", 4)},
-        {"scope": memo_scope("app.them", 3)},
+        {"scope": spec_scope(hashlib.sha256(b"another spec").digest())},
+        {"scope": memo_scope("app.theme", 3)},
         {"purpose": b"q"},
         {"key": 2},
     ],

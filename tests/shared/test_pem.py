@@ -49,10 +49,13 @@ import pytest
 from scipy import stats
 
 from shared.estimates import HeavyHitters
+from shared.mechanisms import pem
 from shared.mechanisms.pem import (
     MAX_CELLS,
     MAX_HEAVY_HITTERS,
+    MAX_LEVEL_CANDIDATES,
     MIN_SEEDS,
+    SCREEN_SHARE,
     PrefixExtendingMethod,
     collision_probability,
     fingerprints,
@@ -539,6 +542,50 @@ def test_discovery_finds_the_zipf_top_10_at_epsilon_4() -> None:
     assert np.all(np.diff(found.frequencies) <= 0)
     own = np.array([counts[words.index(text)] for text in found.strings]) / counts.sum()
     assert np.all(np.abs(found.frequencies - own) <= z_two_sided(ALPHA / 10) * found.std)
+
+
+def test_a_query_for_the_most_strings_is_screened_and_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """k = 100 over 10^4 words of 1..6 letters: levels of up to 2k * 180 candidates. Each
+    candidate costs S / SCREEN_SHARE hash evaluations, and at most MAX_LEVEL_CANDIDATES a
+    level the other seeds too; without the screen every candidate cost all S seeds.
+
+    The true top 10 hold f >= 0.011, 17 stds of their last-group estimate (n / 6 reports)
+    and 8 of a screening estimate (about twice that std) above the screen's cut (about 1.2
+    screening stds when most candidates are absent): each of their prefixes survives each
+    of the 6 levels but with probability below Phi(-6) = 1e-9 (false failure < 1e-7)."""
+    mech = build(4.0, 6)
+    rng = np.random.default_rng(2027)
+    words = distinct_words(rng, 10_000, "abcdefghijklmnopqrstuvwxyz", range(1, 7))
+    ranks = np.arange(1, len(words) + 1, dtype=np.float64)
+    counts = rng.multinomial(1_000_000, ranks**-1.1 / (ranks**-1.1).sum())
+    statistics = mech.simulate_statistics(words, counts, rng)
+    hashed = candidates = 0
+    counted_hashes, counted_prints = pem.splitmix64, pem.fingerprints
+
+    def counting_hashes(words: np.ndarray) -> np.ndarray:
+        nonlocal hashed
+        hashed += words.size
+        return counted_hashes(words)
+
+    def counting_prints(prefixes: np.ndarray) -> np.ndarray:
+        nonlocal candidates
+        candidates += prefixes.shape[0]
+        return counted_prints(prefixes)
+
+    monkeypatch.setattr(pem, "splitmix64", counting_hashes)
+    monkeypatch.setattr(pem, "fingerprints", counting_prints)
+    found = mech.heavy_hitters(statistics, MAX_HEAVY_HITTERS)
+    screen = mech.seeds // SCREEN_SHARE
+    assert candidates > mech.groups * MAX_LEVEL_CANDIDATES  # the screen was needed
+    assert hashed <= candidates * screen + mech.groups * MAX_LEVEL_CANDIDATES * (
+        mech.seeds - screen
+    )
+    assert hashed < candidates * mech.seeds / 2
+    truth = {words[i] for i in np.argsort(-counts, kind="stable")[:10]}
+    assert len(found.strings) == MAX_HEAVY_HITTERS and truth <= set(found.strings)
+    assert np.all(np.diff(found.frequencies) <= 0)
 
 
 def test_discovery_decodes_multibyte_and_empty_strings() -> None:

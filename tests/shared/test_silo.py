@@ -72,10 +72,9 @@ def rounds_within(z: float, target: float) -> int:
 
 
 def silo_epsilon(z: float, steps: int) -> float:
-    """A silo's epsilon per record after ``steps`` DP-SGD steps, as the service accounts."""
-    return gaussian_epsilon(
-        z, RATE, steps, DELTA, "pld", value_discretization_interval=FEDERATED_DISCRETIZATION
-    )
+    """A silo's epsilon per record after ``steps`` DP-SGD steps, as the service accounts
+    (discrete Gaussian noise, by its zCDP bound)."""
+    return gaussian_epsilon(z, RATE, steps, DELTA, mechanism="discrete_gaussian")
 
 
 # --- accounting of releases at several sampling rates ------------------------------------
@@ -157,8 +156,9 @@ def test_the_privacy_parameters_of_a_silo() -> None:
 def test_calibration_covers_every_step_of_every_round() -> None:
     z = calibrate(calibrated_config())
     assert z == accounting.calibrate_noise_multiplier(
-        1.5, RATE, 4 * STEPS, DELTA, "pld", value_discretization_interval=FEDERATED_DISCRETIZATION
-    )
+        1.5, RATE, 4 * STEPS, DELTA, "pld", value_discretization_interval=FEDERATED_DISCRETIZATION,
+        mechanism="discrete_gaussian",
+    )  # fmt: skip
     assert 1.5 * (1 - 1e-3) <= silo_epsilon(z, 4 * STEPS) <= 1.5
 
 
@@ -185,15 +185,15 @@ def test_each_round_charges_a_silos_steps_and_the_target_holds() -> None:
 
 
 def test_a_task_with_fixed_noise_runs_until_its_target() -> None:
-    """z = 1.5 and target 1.5: the rounds run while a silo's epsilon after one more stays
-    within 1.5, and the next is refused; never past the target."""
-    z, target = 1.5, 1.5
+    """z = 1.5 and target 2.5: the rounds run while a silo's epsilon after one more stays
+    within 2.5, and the next is refused; never past the target."""
+    z, target = 1.5, 2.5
     state = TaskState.start(silo_config(noise_multiplier=z, target_epsilon=target, rounds=50))
     allowed = rounds_within(z, target)
     assert 1 < allowed < 50
     for r in range(allowed):
         assert close(state, r) <= target
-    with pytest.raises(BudgetExhaustedError, match="past the task's budget of 1.5"):
+    with pytest.raises(BudgetExhaustedError, match="past the task's budget of 2.5"):
         state.check_round()
     before = state.to_json()
     with pytest.raises(BudgetExhaustedError):
