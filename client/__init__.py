@@ -3,7 +3,8 @@
 ``TelemetryClient`` (``client/sdk.py``) is the entry point (one per state directory:
 a second one there is ``StateDirectoryInUseError``); ``BudgetLimits`` sets the
 device's own epsilon caps (``client/ledger.py``), and a metric version whose spec changed
-under it is refused with ``SpecChangedError``; ``FederatedClient``
+under it is refused with ``SpecChangedError``, a damaged outbox with
+``OutboxCorruptError``; ``FederatedClient``
 (``client/federated.py``) takes part in federated learning tasks. The package imports numpy, httpx,
 pydantic and the standard library only (and ``shared``).
 """
@@ -25,6 +26,7 @@ from client.ledger import (
     LedgerError,
     MemoizedCost,
 )
+from client.outbox import OutboxCorruptError
 from client.sdk import StateDirectoryInUseError, TelemetryClient
 from client.specs import SpecChangedError, SpecError
 from client.transport import RetryPolicy
@@ -39,6 +41,7 @@ __all__ = [
     "LedgerCorruptError",
     "LedgerError",
     "MemoizedCost",
+    "OutboxCorruptError",
     "RetryPolicy",
     "RoundInfo",
     "RoundResult",

@@ -71,8 +71,10 @@ says what it computed and its cap) when that exceeds the cap. By mode:
     whose parameters differ, and restarted rounds (discarded unread by an honest
     server), are composed by the server's accountant, which the device then trusts.
 
-Without ``max_epsilon`` the device refuses only a round past the planned ones, and keeps
-the ledger of its local-mode uploads without accounting (:meth:`FederatedClient.
+``max_epsilon`` requires ``state_dir``: the ledger that enforces the cap must survive the
+app's restarts, or a restarted app would spend the cap again. Without ``max_epsilon`` the
+device refuses only a round past the planned ones, and keeps the ledger of its local-mode
+uploads (in memory unless ``state_dir`` is given) without accounting (:meth:`FederatedClient.
 epsilon_spent` computes their epsilon on demand).
 """
 
@@ -194,7 +196,8 @@ class FederatedClient:
     ``max_epsilon`` caps the device's epsilon for the task at ``delta = min(max_delta,
     the task's delta)``; ``trust_server_noise`` accepts the central and distributed modes
     under that cap (their guarantee rests on noise the device does not add);
-    ``state_dir`` makes the ledger of local-mode uploads durable (in memory without it).
+    ``state_dir`` makes the ledger of local-mode uploads durable (in memory without it);
+    a cap needs it, so that what the device spent survives a restart of the app.
     """
 
     def __init__(
@@ -222,6 +225,12 @@ class FederatedClient:
             raise ValueError("labels y must be integers")
         if max_epsilon is not None and not (math.isfinite(max_epsilon) and max_epsilon > 0):
             raise ValueError(f"max_epsilon must be a finite number > 0, got {max_epsilon!r}")
+        if max_epsilon is not None and state_dir is None:
+            raise ValueError(
+                "max_epsilon needs state_dir: a cap whose spending is kept only in memory "
+                "is forgotten when the app restarts; pass state_dir=<a directory the app "
+                "keeps> (the same one at every start)"
+            )
         if not 0.0 < max_delta < 1.0:
             raise ValueError(f"max_delta must lie in (0, 1), got {max_delta!r}")
         self.task, self.model, self.rng = task, model, rng

@@ -4,15 +4,31 @@ Only perturbed reports are written (the wire JSON of a report in ``POST /v1/repo
 report id, metric, version, payload, hour); raw values never are. ``add`` commits before it
 returns, so a report survives the app's crash or restart (WAL with
 ``synchronous=NORMAL``: a committed report survives a process crash; a power cut can
-lose the last moments, never the ledger's debit, which is fsynced). Reports leave only
-by ``discard`` after an acknowledgement, so a retry sends the very same reports (same
-ids, same randomness). Bounded by count and bytes: when full, the oldest reports are
-dropped and counted in ``dropped`` (the app is never blocked).
+lose the last moments, never the ledger's debit, which is fsynced). Reports leave by
+``discard`` after an acknowledgement (or a refusal that can never change), so a retry
+sends the very same reports (same ids, same randomness).
+
+What is dropped unsent, and how an app learns it. The outbox is bounded by count and
+bytes (default 100,000 reports, 64 MiB: weeks of reports offline for a typical app).
+When it is full, the oldest reports are dropped to make room, so ``record`` never blocks
+nor fails for want of space: their epsilon was already spent, and the newest reports are
+the ones an analyst still wants. Every drop is counted in ``dropped`` (stored in the
+outbox database, in the same transaction, so it survives restarts) and logged as a
+warning on the ``ldp.client`` logger. Nothing else is ever dropped unsent.
+
+A damaged outbox is refused, never silently replaced. ``outbox.expected`` marks a state
+directory that has had an outbox; opening checks the database (``PRAGMA quick_check``,
+the schema) and raises ``OutboxCorruptError``, naming the file and what to do, when the
+outbox is missing or empty where the marker says one existed, is not a SQLite database,
+fails the check, or lacks its tables: a truncated file would otherwise open as a new,
+empty outbox and its reports would be lost without a count.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sqlite3
 import threading
 from collections.abc import Sequence
@@ -21,16 +37,28 @@ from pathlib import Path
 from typing import Any
 
 OUTBOX_FILE = "outbox.sqlite3"
+#: Written once an outbox exists: from then on a missing or empty outbox is an error.
+OUTBOX_MARKER = "outbox.expected"
+
+logger = logging.getLogger("ldp.client")
 
 #: The wire JSON of a report: compact, ASCII, no NaN (one encoder, not one per call).
 _encode_json = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 _INSERT = "INSERT INTO outbox (seq, report_id, body, size) VALUES (?, ?, ?, ?)"
 #: The oldest reports as one request body, assembled by SQLite (the order of the reports
 #: inside the body is not specified, nor needed: the same rows, and only they, are sent).
+#: The oldest reports, at most ``limit`` of them and at most ``max_bytes`` of body (the
+#: first one always: a report alone larger than that is still sent, and refused alone).
 _TAKE = (
     "SELECT min(seq), max(seq), count(*), '{\"reports\":[' || group_concat(body, ',') || ']}'"
-    " FROM (SELECT seq, body FROM outbox ORDER BY seq LIMIT ?)"
+    " FROM (SELECT seq, body, row_number() OVER (ORDER BY seq) AS k,"
+    "  sum(size + 1) OVER (ORDER BY seq) AS running"
+    "  FROM (SELECT seq, body, size FROM outbox ORDER BY seq LIMIT ?))"
+    " WHERE k = 1 OR running + ? <= ?"
 )
+#: The bytes of a body besides its reports and their commas: '{"reports":[' and ']}'.
+_BODY_FRAME = len('{"reports":[]}') - 1
+_NO_BYTE_LIMIT = 2**62
 
 _SCHEMA = (
     # seq is assigned here, increasing within a process (no AUTOINCREMENT table, no index on
@@ -42,6 +70,19 @@ _SCHEMA = (
     " size INTEGER NOT NULL)",
     "CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
 )
+
+
+class OutboxCorruptError(RuntimeError):
+    """The outbox database is damaged or missing where one existed; nothing was changed."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        super().__init__(
+            f"the outbox {path} cannot be used: {why}. Its unsent reports may be lost. Restore "
+            f"it from a backup; or, to start with an empty outbox (the reports it held are "
+            f"not sent, and their epsilon stays spent), delete it with its -wal and -shm "
+            f"files and {OUTBOX_MARKER}"
+        )
+        self.path = path
 
 
 @dataclass(frozen=True)
@@ -81,8 +122,33 @@ class Outbox:
         self.max_reports, self.max_bytes = max_reports, max_bytes
         path = Path(state_dir) / OUTBOX_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
+        marker = path.parent / OUTBOX_MARKER
+        expected = marker.exists()
+        if expected and (not path.exists() or path.stat().st_size == 0):
+            raise OutboxCorruptError(
+                path, "it is missing or empty, but this state directory had an outbox"
+            )
         self._lock = threading.Lock()
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        try:
+            self._configure(path, expected)
+        except sqlite3.DatabaseError as error:
+            self._db.close()
+            raise OutboxCorruptError(path, f"SQLite says: {error}") from None
+        except OutboxCorruptError:
+            self._db.close()
+            raise
+        if not expected:
+            _write_marker(marker)
+        self._count, self._bytes, last = self._db.execute(
+            "SELECT count(*), coalesce(sum(size), 0), coalesce(max(seq), 0) FROM outbox"
+        ).fetchone()
+        # Sequence numbers never repeat within a process, so a batch being uploaded can
+        # never be confused with reports queued after it (even if it was evicted meanwhile).
+        self._next_seq = int(last) + 1
+
+    def _configure(self, path: Path, expected: bool) -> None:
+        """Set the connection up, check the database, and create the tables if new."""
         # One process owns a state directory (the ledger's file lock says so): an exclusive
         # lock keeps the WAL index in memory, which makes each commit cheaper.
         self._db.execute("PRAGMA locking_mode=EXCLUSIVE")
@@ -102,15 +168,18 @@ class Outbox:
         self._db.execute("PRAGMA busy_timeout=30000")
         # The cursor of record()'s single-report insert, kept rather than made per call.
         self._insert = self._db.cursor()
+        (verdict,) = self._db.execute("PRAGMA quick_check(1)").fetchone()
+        if verdict != "ok":
+            raise OutboxCorruptError(path, f"its integrity check failed: {verdict}")
+        tables = {
+            name
+            for (name,) in self._db.execute("SELECT name FROM sqlite_schema WHERE type='table'")
+        }
+        if expected and not {"outbox", "counters"} <= tables:
+            raise OutboxCorruptError(path, "it holds no outbox tables")
         with self._transaction():
             for statement in _SCHEMA:
                 self._db.execute(statement)
-        self._count, self._bytes, last = self._db.execute(
-            "SELECT count(*), coalesce(sum(size), 0), coalesce(max(seq), 0) FROM outbox"
-        ).fetchone()
-        # Sequence numbers never repeat within a process, so a batch being uploaded can
-        # never be confused with reports queued after it (even if it was evicted meanwhile).
-        self._next_seq = int(last) + 1
 
     def add(self, reports: Sequence[dict[str, Any]]) -> int:
         """Queue wire reports durably; returns how many old reports were dropped for room."""
@@ -149,12 +218,15 @@ class Outbox:
             ).fetchall()
         return [QueuedReport(seq, report_id, body) for seq, report_id, body in rows]
 
-    def take(self, limit: int) -> Batch | None:
-        """The oldest ``limit`` reports (still queued) as one request body, or None if the
-        outbox is empty. Every row with a ``seq`` in ``first..last`` is in it: rows are
-        only ever deleted from the front, or by ``seq``, and new ones come after."""
+    def take(self, limit: int, max_bytes: int | None = None) -> Batch | None:
+        """The oldest reports (still queued) as one request body, at most ``limit`` of them
+        and, with ``max_bytes``, as many as fit a body of that many bytes (at least one),
+        or None if the outbox is empty. Every row with a ``seq`` in ``first..last`` is in
+        it: rows are only ever deleted from the front, or by ``seq``, and new ones come
+        after."""
+        cap = _NO_BYTE_LIMIT if max_bytes is None else max_bytes
         with self._lock:
-            first, last, count, body = self._db.execute(_TAKE, (limit,)).fetchone()
+            first, last, count, body = self._db.execute(_TAKE, (limit, _BODY_FRAME, cap)).fetchone()
         if not count:
             return None
         return Batch(first, last, count, body.encode("utf-8"))
@@ -237,6 +309,13 @@ class Outbox:
                 "ON CONFLICT (name) DO UPDATE SET value = value + excluded.value",
                 (dropped,),
             )
+            logger.warning(
+                "the outbox is full (at most %d reports, %d bytes): dropped the oldest %d "
+                "unsent; the device's total of reports dropped is in TelemetryClient.dropped",
+                self.max_reports,
+                self.max_bytes,
+                dropped,
+            )
         return dropped
 
     def _transaction(self) -> _Transaction:
@@ -254,3 +333,16 @@ class _Transaction:
 
     def __exit__(self, kind: object, error: object, traceback: object) -> None:
         self._db.execute("ROLLBACK" if kind is not None else "COMMIT")
+
+
+def _write_marker(marker: Path) -> None:
+    """Create ``marker`` durably (file and directory entry fsynced)."""
+    with open(marker, "wb") as handle:
+        handle.write(b"this state directory has an outbox; a missing one is an error\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    directory = os.open(marker.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)

@@ -1,7 +1,9 @@
 """Uploading the outbox: a background thread posts batches and removes what was acknowledged.
 
 Every ``interval`` seconds, or as soon as ``batch_size`` reports wait, the uploader
-posts the oldest reports to ``POST /v1/reports``. A report was paid for with privacy
+posts the oldest reports to ``POST /v1/reports``, at most ``batch_size`` of them in a body
+of at most ``max_batch_bytes`` (the aggregator's default limit is 2,560,000 bytes; a
+report alone larger than that still goes alone). A report was paid for with privacy
 budget before it was queued, so it leaves the outbox only when the aggregator has it or
 has said precisely that it can never take it:
 
@@ -14,8 +16,11 @@ has said precisely that it can never take it:
 * 422 naming reports (the problem document's ``errors[].report``, the index of a report
   in the batch): only the named reports are removed, the reason logged, and the rest
   sent again at once (a batch is stored all or nothing, so none of it was counted).
-* Any other answer (400, 404, 413, a 422 naming no report, ...): the batch can never be
-  accepted as it is; it is removed and the reason logged.
+* 413 for a batch of several reports: the server takes smaller bodies than this device
+  sends; ``max_batch_bytes`` is halved (to the body's size at most) and the same reports
+  go again at once, in smaller batches.
+* Any other answer (400, 404, 413 for one report alone, a 422 naming no report, ...): the
+  batch can never be accepted as it is; it is removed and the reason logged.
 
 Offline, everything waits in the outbox.
 
@@ -53,6 +58,8 @@ RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
 #: Further answers after which the uploader keeps a batch and sends it again later: the
 #: key may be restored (401, 403), the server repaired (every 5xx), the request was slow.
 _UPLOAD_RETRY_STATUS = RETRYABLE_STATUS | {401, 403, 408}
+#: Largest body the uploader sends by default: under the aggregator's default limit.
+DEFAULT_MAX_BATCH_BYTES = 2_500_000
 
 
 def upload_retries(status: int) -> bool:
@@ -125,12 +132,14 @@ class Uploader:
         retry: RetryPolicy | None = None,
         rng: random.Random | None = None,
         on_tick: Callable[[], None] | None = None,
+        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
     ) -> None:
         """``on_tick`` runs on the background thread at every wake-up (before any post)."""
-        if batch_size < 1 or interval <= 0:
-            raise ValueError("batch_size must be >= 1 and interval > 0")
+        if batch_size < 1 or interval <= 0 or max_batch_bytes < 1:
+            raise ValueError("batch_size and max_batch_bytes must be >= 1 and interval > 0")
         self._outbox, self._post = outbox, post
         self.batch_size, self.interval = batch_size, interval
+        self.max_batch_bytes = max_batch_bytes
         self._retry = retry or RetryPolicy()
         self._on_tick = on_tick
         self._rng = rng or random.Random()
@@ -201,7 +210,7 @@ class Uploader:
         with self._send_lock:
             if time.monotonic() < self._not_before:  # another sender just met a backoff
                 return
-            batch = self._outbox.take(self.batch_size)
+            batch = self._outbox.take(self.batch_size, self.max_batch_bytes)
             if batch is None:
                 return
             try:
@@ -219,6 +228,15 @@ class Uploader:
                     self._kick()
             elif upload_retries(status):
                 self._back_off(f"HTTP {status}", retry_after_seconds(response))
+            elif status == 413 and batch.count > 1:
+                self.max_batch_bytes = max(1, min(self.max_batch_bytes, len(batch.body)) // 2)
+                logger.warning(
+                    "the aggregator refused a body of %d bytes as too large (HTTP 413); "
+                    "sending the same reports again in bodies of at most %d bytes",
+                    len(batch.body),
+                    self.max_batch_bytes,
+                )
+                self._kick()
             elif status == 422 and (named := _named_reports(response, batch.body)):
                 dropped = self._outbox.discard_ids(batch, set(named.values()))
                 if not dropped:  # named reports already gone: do not spin on the same answer

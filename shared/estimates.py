@@ -26,7 +26,6 @@ from typing import Literal
 
 import numpy as np
 
-
 #: How ``MeanEstimate.std`` was obtained: "known" (the noise variance does not depend on
 #: the data), "estimated" (unbiasedly, from the sum of squares of the reports) or
 #: "upper-bound" (not identifiable from the reports: the interval is conservative).

@@ -75,7 +75,6 @@ from shared.mechanisms.base import Mechanism
 from shared.schemas import MechanismSpec
 from shared.statistics import MomentStatistics
 
-
 #: The upper bound on a non-identifiable noise variance keeps every interval of level up
 #: to this one at or above its nominal coverage (module docstring, curvature = -1).
 BOUND_LEVEL = 1 - 1e-6

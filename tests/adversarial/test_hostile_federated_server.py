@@ -22,6 +22,7 @@ accountant that it is within the device's cap.
 from __future__ import annotations
 
 import json
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -165,6 +166,8 @@ def device(server: HostileServer, model: ModelSpec = SMALL, **options: Any) -> F
     rng = np.random.default_rng(7)
     x = rng.normal(size=(20, model.num_features))
     y = rng.integers(0, model.num_classes, 20)
+    if "max_epsilon" in options:  # a capped device keeps its ledger on disk
+        options.setdefault("state_dir", tempfile.mkdtemp(prefix="ldp-federated-"))
     return FederatedClient(server.url, "device-key", TASK, (x, y), rng=rng, **options)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import functools
 import math
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -84,12 +85,15 @@ class Service:
         return dict(response.json())
 
     def silos(self, name: str, count: int, **options: Any) -> list[FederatedClient]:
+        """``count`` silos; each capped one keeps its ledger in a directory of its own."""
         rng = np.random.default_rng(7)
+        capped = "max_epsilon" in options
         return [
             FederatedClient(
                 "http://testserver", KEYS["device"], name,
                 (rng.normal(size=(40, 4)), rng.integers(0, 3, size=40)),
-                rng=np.random.default_rng(100 + i), http=self.client, **options,
+                rng=np.random.default_rng(100 + i), http=self.client,
+                state_dir=tempfile.mkdtemp(prefix="ldp-silo-") if capped else None, **options,
             )
             for i in range(count)
         ]  # fmt: skip

@@ -127,17 +127,17 @@ def test_a_restarted_round_is_decided_again(service: Any) -> None:
     assert status(service, "sparse")["attempt"] >= 2
 
 
-def test_device_refuses_a_task_beyond_its_epsilon(service: Any) -> None:
+def test_device_refuses_a_task_beyond_its_epsilon(service: Any, tmp_path: Path) -> None:
     """Central mode: refused under a cap unless the device trusts the server's noise; and
     then refused still, as the plan the server serves costs epsilon 8 > 2."""
     create(service, "greedy", target_epsilon=8.0)
     data = blobs(10, np.random.default_rng(4))
     url, key = service.url, service.keys["device"]
-    with FederatedClient(url, key, "greedy", data, max_epsilon=2.0) as device:
+    with FederatedClient(url, key, "greedy", data, max_epsilon=2.0, state_dir=tmp_path) as device:
         with pytest.raises(TaskRefusedError, match="cannot verify.*at most 2"):
             device.run_round()
     with FederatedClient(
-        url, key, "greedy", data, max_epsilon=2.0, trust_server_noise=True
+        url, key, "greedy", data, max_epsilon=2.0, trust_server_noise=True, state_dir=tmp_path
     ) as device:
         with pytest.raises(TaskRefusedError, match="costs epsilon 8.*at most 2"):
             device.run_round()
@@ -256,3 +256,10 @@ def test_a_model_of_ones_own_trains_through_the_same_interface(service: Any) -> 
         assert device.run_round().uploaded
     assert model.calls > 0
     assert status(service, "own")["participants"] == [1]
+
+
+def test_a_cap_without_a_state_directory_is_refused() -> None:
+    """A cap kept in memory would be spent again after every restart of the app."""
+    data = blobs(10, np.random.default_rng(4))
+    with pytest.raises(ValueError, match="max_epsilon needs state_dir"):
+        FederatedClient("http://127.0.0.1:9", "key", "capped", data, max_epsilon=2.0)

@@ -189,8 +189,8 @@ def test_retryable_failures_keep_the_batch_and_resend_it_unchanged(
 
 @pytest.mark.parametrize(
     "answer",
-    [400, 404, 409, 413, 422, (422, {"errors": [{"report": None, "field": None, "message": "x"}]})],
-    ids=["400", "404", "409", "413", "422-bare", "422-naming-no-report"],
+    [400, 404, 409, 422, (422, {"errors": [{"report": None, "field": None, "message": "x"}]})],
+    ids=["400", "404", "409", "422-bare", "422-naming-no-report"],
 )
 def test_other_answers_drop_the_batch_and_log_why(
     outbox: Outbox, start: Callable, answer: Answer, caplog: pytest.LogCaptureFixture
