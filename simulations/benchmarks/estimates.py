@@ -3,7 +3,7 @@ side by side in one run.
 
 Run from the repository root (a script, not a test)::
 
-    python -m simulations.benchmarks.estimates                  # against /tmp/base
+    python -m simulations.benchmarks.estimates --base OLD       # against the checkout OLD
     python -m simulations.benchmarks.estimates --base PATH --concurrent 6
 
 Setup. For each code tree (``--base``, the code before, and this repository), a SQLite
@@ -204,7 +204,9 @@ def measure(server: Server, concurrent: int, extras: bool) -> dict[str, tuple[fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base", type=Path, default=Path("/tmp/base"), help="code before")
+    parser.add_argument(
+        "--base", type=Path, required=True, help="a checkout of the code to compare against"
+    )
     parser.add_argument("--concurrent", type=int, default=6, help="requests at once")
     parser.add_argument("--prepare", help=argparse.SUPPRESS)
     parser.add_argument("--pem", action="store_true", help=argparse.SUPPRESS)

@@ -3,7 +3,7 @@
 Run from the repository root (a script, not a test)::
 
     python -m simulations.benchmarks.flood                      # this checkout only
-    python -m simulations.benchmarks.flood --compare /tmp/base  # another checkout beside it
+    python -m simulations.benchmarks.flood --compare OLD  # another checkout beside it
     python -m simulations.benchmarks.flood --bodies 40 --settle 5   # a quick run
 
 For each checkout (``--compare`` first, then this one) and each body size it starts that

@@ -4,7 +4,7 @@ Run from the repository root (a script, not a test), with PostgreSQL at
 ``--postgres`` (default ``postgresql+psycopg://postgres@127.0.0.1:5432/test``)::
 
     python -m simulations.benchmarks.partition                       # this checkout
-    python -m simulations.benchmarks.partition --baseline /tmp/base  # and another, side by side
+    python -m simulations.benchmarks.partition --baseline OLD  # and another, side by side
     python -m simulations.benchmarks.partition --blackhole 10 --repeats 3 --cap 60
 
 For each checkout (this one, then ``--baseline`` if given) and each repeat it creates a
