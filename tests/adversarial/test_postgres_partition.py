@@ -158,6 +158,7 @@ def check_counted_once(server: Server, ledger: Ledger) -> None:
     assert counted(server) == len(ledger.ids)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["blackhole", "reset"])
 def test_a_partitioned_database_answers_503_then_recovers_by_itself(
     proxied: tuple[TcpProxy, Server], fault: str

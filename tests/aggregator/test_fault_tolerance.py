@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from aggregator.storage import Storage
 
@@ -174,6 +175,7 @@ def check_exactly_once(uploads: Uploads, kills: int) -> None:
     assert uploads.retries >= kills, "the kills never interrupted an upload"
 
 
+@pytest.mark.slow
 def test_kill_9_loses_and_double_counts_nothing(start_server: StartServer, tmp_path: Path) -> None:
     database = str(tmp_path / "faults.sqlite3")
     server = start_server(database, *SERVER_ARGS, env=SERVER_ENV)
@@ -198,6 +200,7 @@ def test_kill_9_loses_and_double_counts_nothing(start_server: StartServer, tmp_p
         storage.close()
 
 
+@pytest.mark.slow
 def test_two_processes_on_one_postgresql_count_every_report_once(
     start_server: StartServer, postgres_url: str
 ) -> None:

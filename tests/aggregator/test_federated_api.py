@@ -422,6 +422,7 @@ def _http_upload(server: Any, round_number: int, client: httpx.Client) -> int:
     return response.status_code
 
 
+@pytest.mark.slow
 def test_task_survives_a_restart(tmp_path: Path, start_server: Callable[..., Any]) -> None:
     database = str(tmp_path / "restart.sqlite3")
     server = start_server(database)
@@ -454,6 +455,7 @@ def test_task_survives_a_restart(tmp_path: Path, start_server: Callable[..., Any
     assert params[0]["round"] == 1
 
 
+@pytest.mark.slow
 def test_two_processes_on_postgresql_close_each_round_once(
     postgres_url: str, start_server: Callable[..., Any]
 ) -> None:

@@ -234,6 +234,7 @@ def refused_by_the_http_server(response: Any) -> bool:
     )
 
 
+@pytest.mark.slow
 @schema.parametrize()
 def test_a_served_process_with_every_role(case: schemathesis.Case, server: Server) -> None:
     needed = needed_role(case)

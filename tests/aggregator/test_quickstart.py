@@ -74,6 +74,7 @@ def quickstart_commands() -> list[str]:
     return commands
 
 
+@pytest.mark.slow
 def test_readme_quickstart(tmp_path: Path) -> None:
     """From ``serve`` to a real estimate by the README's commands alone: the curl of the
     demo metric answers a 200 estimate of the 14,400 demo reports, and the fleet's
@@ -235,6 +236,7 @@ def test_demo_data_is_added_once(service: Aggregator) -> None:
     assert service.storage.report_count() == len(DEMO_METRICS) * PER_METRIC
 
 
+@pytest.mark.slow
 def test_demo_data_reaches_the_release_threshold(tmp_path: Path) -> None:
     """Each hour holds at least ``min_reports`` reports, whatever the threshold, so
     every demo estimate is released."""

@@ -155,6 +155,7 @@ def counter(exposition: str, name: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
+@pytest.mark.slow
 def test_kill_nine_during_record_and_upload(aggregator: Any, tmp_path: Path) -> None:
     """Seeded random SIGKILLs of a recording, uploading device; see the module docstring."""
     for name, definition in DEFINITIONS.items():

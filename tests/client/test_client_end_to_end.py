@@ -76,6 +76,7 @@ def record_group(
         }
 
 
+@pytest.mark.slow
 def test_twenty_thousand_devices_estimate_matches_truth(aggregator: Any, tmp_path: Path) -> None:
     """20,000 simulated devices report a theme (GRR, d = 3, eps = 2) and a session length
     (piecewise, eps = 1, [0, 120]) through the SDK; the aggregator's estimates match the

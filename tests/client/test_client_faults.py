@@ -85,6 +85,7 @@ def test_aggregator_down_at_start(make_aggregator: Callable[..., Any], tmp_path:
 # --- a flapping aggregator ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_aggregator_flapping(aggregator: Any, tmp_path: Path) -> None:
     """The aggregator is killed with SIGKILL and restarted four times (seeded random
     moments) while a device records and uploads continuously: afterwards it has counted

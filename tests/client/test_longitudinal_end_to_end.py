@@ -191,6 +191,7 @@ def window_estimate(aggregator: Any, version: int, start: float, end: float) -> 
     return dict(response.json())
 
 
+@pytest.mark.slow
 def test_two_thousand_devices_report_daily_for_thirty_days(
     aggregator: Any, state_root: Path
 ) -> None:

@@ -173,6 +173,7 @@ def sketch_moments(
     return float(mean), math.sqrt(variance) / (n * (1 - kappa))
 
 
+@pytest.mark.slow
 def test_strings_are_estimated_and_discovered_end_to_end(aggregator: Any, state_root: Path) -> None:
     for name, spec in SPECS.items():
         labels = CANDIDATES if name == CMS else None

@@ -286,6 +286,7 @@ def _pld_points(noise_multiplier: float, sample_rate: float, steps: int, interva
     return max(pld._pmf_remove.size, pld._pmf_add.size)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("z", [0.1, 0.3, 1e6])
 @pytest.mark.parametrize("q", [1e-12, 0.3, 1.0])
 @pytest.mark.parametrize("steps", [1, 10_000])
@@ -308,6 +309,7 @@ def test_coarsened_pld_stays_an_upper_bound() -> None:
     assert coarse <= gaussian_epsilon(z, q, steps, DELTA, "rdp")
 
 
+@pytest.mark.slow
 def test_previously_slow_configurations_answer() -> None:
     """z = 0.1 over 100 unsampled rounds took the PLD accountant ~16 s on the 1e-3 grid:
     now one bounded FFT, and still an upper bound below RDP's."""

@@ -133,6 +133,7 @@ class WithoutNoise(PrivateAggregation):
         )
 
 
+@pytest.mark.slow
 def test_a_central_round_keeps_its_accounted_epsilon() -> None:
     round_ = CanaryRound(task("central", 2.0), others(16))
     result = audit_many_runs(round_, 3000, 1500, ALPHA, np.random.default_rng(1))
@@ -148,6 +149,7 @@ def test_a_central_round_without_its_noise_is_caught() -> None:
     assert result.lower_bound > result.accounted_epsilon and result.violation
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["local", "distributed"])
 def test_the_other_private_modes_keep_their_accounted_epsilon(mode: str) -> None:
     round_ = CanaryRound(task(mode, 2.0), others(16))
@@ -197,6 +199,7 @@ def test_every_privacy_mode_is_audited_and_offered() -> None:
     assert set(TRAINING_MODES) == set(PRIVACY_MODES)
 
 
+@pytest.mark.slow
 def test_a_silo_keeps_its_record_level_epsilon() -> None:
     """Two DP-SGD steps of all the records, accounted as a silo's record-level epsilon."""
     round_ = silo(steps=2, target_epsilon=2.0)
@@ -247,6 +250,7 @@ def test_silo_canaries_are_records_on_columns_the_silo_leaves_at_zero() -> None:
         CanaryRound(round_.config, round_.others)
 
 
+@pytest.mark.slow
 def test_the_command_writes_a_table_csv_json_and_plot(tmp_path: Path) -> None:
     out = tmp_path / "training"
     code = main(

@@ -97,6 +97,7 @@ def test_cli_writes_results_rounds_and_plot(tmp_path: Path) -> None:
         assert len(list(csv.DictReader(handle))) == len(rows) * 3
 
 
+@pytest.mark.slow
 def test_cli_over_http(tmp_path: Path) -> None:
     """The same run through a real aggregator and FederatedClient devices."""
     out = tmp_path / "http"
