@@ -75,11 +75,13 @@ def start_server(
     workers: int = 1,
     extra: Sequence[str] = (),
     timeout: float = 90.0,
+    root: Path = REPO_ROOT,
 ) -> Server:
     """Start ``ldp-aggregator serve`` on a free port and wait until ``/healthz`` answers.
 
     ``database`` is a SQLite path or a SQLAlchemy URL; ``extra`` more ``serve`` options
-    (e.g. ``("--config", "metrics.toml")``).
+    (e.g. ``("--config", "metrics.toml")``); ``root`` the checkout whose code serves (first
+    on the path: benchmarks compare an older checkout with this one).
     """
     keys = {role: f"sim-{role}-{secrets.token_hex(16)}" for role in ("admin", "analyst", "device")}
     port = free_port()
@@ -92,6 +94,8 @@ def start_server(
         "LDP_RATE_LIMIT_BURST": "1000000",
     }
     environment.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    if root != REPO_ROOT:
+        environment["PYTHONPATH"] = str(root)
     if workers > 1:
         metrics_dir = Path(tempfile.mkdtemp(prefix="prometheus-", dir=workdir))
         environment["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
@@ -107,7 +111,7 @@ def start_server(
             stdout=log,
             stderr=subprocess.STDOUT,
             env=environment,
-            cwd=REPO_ROOT,
+            cwd=root,
             start_new_session=True,
         )
     server = Server(process, f"http://127.0.0.1:{port}", log_path, keys)

@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
 import subprocess
 import sys
 import tempfile
@@ -49,7 +48,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from simulations.server import Server, free_port
+from simulations.server import Server, start_server
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 METRIC = "bench.huge"
@@ -121,39 +120,7 @@ def in_tree(root: Path, *arguments: str) -> str:
 
 def launch(root: Path, database: str, workdir: Path) -> Server:
     """``ldp-aggregator serve`` of the code in ``root`` on a free loopback port."""
-    keys = {role: f"bench-{role}-{secrets.token_hex(16)}" for role in ("admin", "analyst")}
-    port = free_port()
-    environment = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("LDP_")},
-        "PYTHONPATH": str(root),
-        "LDP_ADMIN_KEYS": keys["admin"],
-        "LDP_ANALYST_KEYS": keys["analyst"],
-        "LDP_RATE_LIMIT_PER_SECOND": "1000000",
-        "LDP_RATE_LIMIT_BURST": "1000000",
-    }
-    log_path = workdir / f"server-{port}.log"
-    command = [
-        sys.executable, "-m", "aggregator.cli", "serve", "--database", database,
-        "--port", str(port), "--min-reports", "1", "--log-level", "warning",
-    ]  # fmt: skip
-    with log_path.open("ab") as log:
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=environment, cwd=root,
-            start_new_session=True,
-        )  # fmt: skip
-    server = Server(process, f"http://127.0.0.1:{port}", log_path, keys)
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the server exited:\n{server.log_tail()}")
-        try:
-            if httpx.get(f"{server.url}/healthz", timeout=1.0).status_code == 200:
-                return server
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    server.stop()
-    raise RuntimeError(f"the server did not answer:\n{server.log_tail()}")
+    return start_server(database, workdir, root=root)
 
 
 def peak_mb(server: Server, reset: bool = False) -> float:

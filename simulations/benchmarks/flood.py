@@ -42,11 +42,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing
-import os
 import secrets
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -54,7 +50,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -63,6 +58,7 @@ import numpy as np
 
 from shared.mechanisms import make_mechanism
 from shared.schemas import MechanismSpec
+from simulations.server import Server, start_server
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 METRIC = "app.theme"
@@ -74,66 +70,15 @@ PROBE_INTERVAL = 0.05
 BACK_WITHIN = 0.2
 
 
-@dataclass
-class Server:
-    process: subprocess.Popen[bytes]
-    url: str
-    device_key: str
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=30)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextmanager
 def serve(root: Path, workdir: Path) -> Iterator[Server]:
     """``ldp-aggregator serve`` of the checkout at ``root``, until the block ends."""
-    device_key = f"flood-device-{secrets.token_hex(8)}"
-    port = free_port()
-    environment = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("LDP_")},
-        "PYTHONPATH": str(root),
-        "LDP_DEVICE_KEYS": device_key,
-        "LDP_ADMIN_KEYS": f"flood-admin-{secrets.token_hex(8)}",
-        "LDP_RATE_LIMIT_PER_SECOND": "1000000",
-        "LDP_RATE_LIMIT_BURST": "1000000",
-    }
-    environment.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    command = [
-        sys.executable, "-m", "aggregator.cli", "serve", "--port", str(port),
-        "--database", str(workdir / f"flood-{port}.sqlite3"), "--log-level", "warning",
-    ]  # fmt: skip
-    log = (workdir / f"server-{port}.log").open("ab")
-    process = subprocess.Popen(
-        command, stdout=log, stderr=subprocess.STDOUT, env=environment, cwd=root,
-        start_new_session=True,
-    )  # fmt: skip
-    server = Server(process, f"http://127.0.0.1:{port}", device_key)
+    database = workdir / f"flood-{secrets.token_hex(4)}.sqlite3"
+    server = start_server(str(database), workdir, root=root)
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the server of {root} did not start; see {log.name}")
-            try:
-                if httpx.get(f"{server.url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
         yield server
     finally:
         server.stop()
-        log.close()
 
 
 def batch_body(reports: int, rng: np.random.Generator) -> bytes:
@@ -189,7 +134,7 @@ async def flood(server: Server, body: bytes, count: int) -> list[tuple[int, floa
     """Post ``body`` ``count`` times at once; ``(status or 0, seconds)`` of each."""
     limits = httpx.Limits(max_connections=count, max_keepalive_connections=0)
     headers = {
-        "Authorization": f"Bearer {server.device_key}",
+        "Authorization": f"Bearer {server.keys['device']}",
         "Content-Type": "application/json",
     }
     async with httpx.AsyncClient(limits=limits, timeout=300) as client:
@@ -218,7 +163,7 @@ def run_case(root: Path, body: bytes, bodies: int, settle: float) -> dict[str, o
         tempfile.TemporaryDirectory(prefix="flood-") as directory,
         serve(root, Path(directory)) as server,
     ):
-        headers = {"Authorization": f"Bearer {server.device_key}"}
+        headers = {"Authorization": f"Bearer {server.keys['device']}"}
         for _ in range(20):
             small = batch_body(100, rng)
             httpx.post(f"{server.url}/v1/reports", content=small, headers=headers, timeout=60)

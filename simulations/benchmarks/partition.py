@@ -35,7 +35,6 @@ import argparse
 import os
 import secrets
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -51,7 +50,7 @@ import httpx
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL, make_url
 
-from simulations.server import free_port
+from simulations.server import Server, start_server
 from simulations.tcp_proxy import TcpProxy
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -61,7 +60,6 @@ WARMUP = 3.0
 REQUEST_TIMEOUT = 30.0
 HEALTH_TIMEOUT = 10.0
 TARGET_SECONDS = 5.0
-KEYS = {role: f"bench-{role}-{secrets.token_hex(12)}" for role in ("admin", "analyst", "device")}
 
 
 @dataclass
@@ -117,52 +115,22 @@ def fresh_schema(postgres: URL) -> Iterator[str]:
 
 
 @contextmanager
-def serve(checkout: Path, database: str, workdir: Path) -> Iterator[str]:
-    """``checkout``'s ``ldp-aggregator serve`` on a free port; its base URL."""
-    port = free_port()
-    environment = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("LDP_")},
-        "PYTHONPATH": str(checkout),
-        "LDP_ADMIN_KEYS": KEYS["admin"],
-        "LDP_ANALYST_KEYS": KEYS["analyst"],
-        "LDP_DEVICE_KEYS": KEYS["device"],
-        "LDP_RATE_LIMIT_PER_SECOND": "1000000",
-        "LDP_RATE_LIMIT_BURST": "1000000",
-    }
-    command = [
-        sys.executable, "-m", "aggregator.cli", "serve", "--database", database,
-        "--port", str(port), "--min-reports", "1", "--compaction-interval", "0",
-        "--log-level", "warning",
-    ]  # fmt: skip
-    log = (workdir / f"server-{port}.log").open("ab")
-    process = subprocess.Popen(
-        command, stdout=log, stderr=subprocess.STDOUT, env=environment, cwd=checkout,
-        start_new_session=True,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
+def serve(checkout: Path, database: str, workdir: Path) -> Iterator[Server]:
+    """``checkout``'s ``ldp-aggregator serve`` on a free port, until the block ends."""
+    server = start_server(database, workdir, root=checkout, extra=("--compaction-interval", "0"))
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the server did not start; see {log.name}")
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        yield url
+        yield server
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)  # a hung server would not stop gracefully
-            process.wait(timeout=30)
-        log.close()
+        if server.process.poll() is None:
+            # A hung server would not stop gracefully.
+            os.killpg(server.process.pid, signal.SIGKILL)
+            server.process.wait(timeout=30)
 
 
-def upload(url: str, run: Run, stop: threading.Event) -> None:
+def upload(server: Server, run: Run, stop: threading.Event) -> None:
     """Batches of fresh ids, each sent again (same ids) until acknowledged, until ``stop``."""
-    device = {"Authorization": f"Bearer {KEYS['device']}"}
-    with httpx.Client(headers=device, timeout=REQUEST_TIMEOUT) as client:
+    url = server.url
+    with httpx.Client(headers=server.headers("device"), timeout=REQUEST_TIMEOUT) as client:
         while not stop.is_set():
             reports: list[dict[str, Any]] = [
                 {
@@ -191,12 +159,13 @@ def upload(url: str, run: Run, stop: threading.Event) -> None:
             time.sleep(0.1)
 
 
-def probe(url: str, run: Run, stop: threading.Event) -> None:
+def probe(server: Server, run: Run, stop: threading.Event) -> None:
     """``/healthz`` every 0.5 s."""
     while not stop.is_set():
         sent = time.monotonic()
         try:
-            status: int | None = httpx.get(f"{url}/healthz", timeout=HEALTH_TIMEOUT).status_code
+            health = httpx.get(f"{server.url}/healthz", timeout=HEALTH_TIMEOUT)
+            status: int | None = health.status_code
         except httpx.TransportError:
             status = None
         with run.lock:
@@ -211,10 +180,10 @@ def partition(checkout: Path, postgres: URL, blackhole: float, cap: float, workd
         through = postgres.set(port=proxy.port).update_query_dict(
             {"options": f"-csearch_path={schema}"}
         )
-        with serve(checkout, through.render_as_string(hide_password=False), workdir) as url:
+        with serve(checkout, through.render_as_string(hide_password=False), workdir) as server:
             stop = threading.Event()
             threads = [
-                threading.Thread(target=work, args=(url, run, stop), daemon=True)
+                threading.Thread(target=work, args=(server, run, stop), daemon=True)
                 for work in (upload, probe)
             ]
             for thread in threads:
@@ -233,15 +202,15 @@ def partition(checkout: Path, postgres: URL, blackhole: float, cap: float, workd
             for thread in threads:
                 thread.join(timeout=REQUEST_TIMEOUT + 5)
             if run.recovery() is not None and not any(t.is_alive() for t in threads):
-                run.counted = counted(url)
+                run.counted = counted(server)
     return run
 
 
-def counted(url: str) -> int:
+def counted(server: Server) -> int:
     response = httpx.get(
-        f"{url}/v1/metrics/{METRIC}/estimate",
+        f"{server.url}/v1/metrics/{METRIC}/estimate",
         params={"version": VERSION},
-        headers={"Authorization": f"Bearer {KEYS['analyst']}"},
+        headers=server.headers("analyst"),
         timeout=60.0,
     )
     response.raise_for_status()
