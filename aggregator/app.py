@@ -1,11 +1,13 @@
-"""The HTTP application: ``create_app`` assembles the routers over ``Aggregator``.
+"""The HTTP application: ``create_app`` assembles the routers over the services.
 
-``create_app(settings)`` builds the application; ``ldp-aggregator serve`` runs it under
-uvicorn. The routes (``aggregator/routes/``, one module per resource) authenticate,
-validate and delegate; domain errors leave as RFC 9457 problem documents through one
-table (``aggregator/errors.py``); every storage call runs in a worker thread. Here: the
-lifespan and its background tasks, the middleware, the exception handlers, the
-documentation pages, the dashboard (``aggregator/routes/ui.py``) and the OpenAPI document.
+``create_app(settings)`` opens the repositories and builds the services over them
+(``Services.open``: the ``Aggregator``, ``Federated`` tasks and the ``KeyRing``, each
+given only the repositories it uses); ``ldp-aggregator serve`` runs it under uvicorn.
+The routes (``aggregator/routes/``, one module per resource, the dashboard's among them)
+authenticate, validate and delegate; domain errors leave as RFC 9457 problem documents
+through one table (``aggregator/errors.py``); every storage call runs in a worker thread.
+Here: the lifespan and its background tasks, the middleware, the exception handlers, the
+documentation pages and the OpenAPI document.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aggregator import observability as obs
-from aggregator.auth import KeyRing, RateLimiter
+from aggregator.auth import RateLimiter
 from aggregator.body_limits import BodyLimits
 from aggregator.docs_pages import add_docs_pages
 from aggregator.errors import add_problem_handlers
@@ -38,8 +40,8 @@ from aggregator.problems import (
     problem_response,
 )
 from aggregator.routes import ROUTERS
-from aggregator.routes.ui import add_dashboard
-from aggregator.service import Aggregator
+from aggregator.routes.ui import add_dashboard_assets
+from aggregator.service import Aggregator, Services
 from aggregator.settings import Settings
 from shared.schemas import ReportBatch
 
@@ -50,10 +52,11 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def create_app(settings: Settings, aggregator: Aggregator | None = None) -> FastAPI:
-    """The FastAPI application over ``aggregator`` (one is built from ``settings`` if None)."""
-    service = aggregator or Aggregator(settings)
-    federated = Federated(service.storage)
+def create_app(settings: Settings, services: Services | None = None) -> FastAPI:
+    """The FastAPI application over ``services`` (opened from ``settings``, and closed at
+    shutdown, if None; given ones are the caller's to close)."""
+    opened = services or Services.open(settings)
+    service, federated = opened.aggregator, opened.federated
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -73,8 +76,8 @@ def create_app(settings: Settings, aggregator: Aggregator | None = None) -> Fast
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-            if aggregator is None:
-                service.close()
+            if services is None:
+                opened.close()
 
     app = FastAPI(
         title="LDP telemetry aggregator",
@@ -92,9 +95,10 @@ def create_app(settings: Settings, aggregator: Aggregator | None = None) -> Fast
         # which its validation schema describes better than a generic object.
         separate_input_output_schemas=False,
     )
+    app.state.services = opened
     app.state.aggregator = service
     app.state.federated = federated
-    app.state.keys = KeyRing(service.storage)
+    app.state.keys = opened.keys
     # Report batches being validated at once (aggregator/routes/reports.py).
     app.state.validations = threading.BoundedSemaphore(settings.parallel_validations)
     app.state.limiter = RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst)
@@ -112,8 +116,8 @@ def create_app(settings: Settings, aggregator: Aggregator | None = None) -> Fast
     app.add_exception_handler(Exception, _handle_unexpected)
     for router in ROUTERS:
         app.include_router(router)
+    add_dashboard_assets(app)
     add_docs_pages(app)
-    add_dashboard(app)  # /ui/: the pages, their assets and their security headers
     _document_batch_schema(app)
     return app
 

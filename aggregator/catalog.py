@@ -78,8 +78,8 @@ class Catalog:
     Prometheus counter ``ldp_catalog_reloads_total``).
     """
 
-    def __init__(self, storage: MetricsRepository, refresh_seconds: float = 1.0) -> None:
-        self._storage = storage
+    def __init__(self, metrics: MetricsRepository, refresh_seconds: float = 1.0) -> None:
+        self._metrics = metrics
         self._refresh_seconds = refresh_seconds
         self._refreshing = threading.Lock()  # one thread reads the storage at a time
         self._snapshot = _Snapshot(None, {}, {})
@@ -94,7 +94,7 @@ class Catalog:
         makes the next check reload again rather than go unnoticed.
         """
         with self._refreshing:
-            self._load(time.monotonic(), self._storage.metrics_stamp())
+            self._load(time.monotonic(), self._metrics.metrics_stamp())
 
     def _load(self, checked_at: float, stamp: tuple[str, int]) -> None:
         """Read the definitions into a new snapshot, built at ``stamp`` (read from
@@ -102,7 +102,7 @@ class Catalog:
         known = self._snapshot
         metrics: dict[tuple[str, int], MetricSpec] = {}
         mechanisms: dict[tuple[str, int], Mechanism] = {}
-        for metric in self._storage.metrics():
+        for metric in self._metrics.metrics():
             key = (metric.name, metric.version)
             previous = known.metrics.get(key)
             if previous is not None and previous.mechanism == metric.mechanism:
@@ -129,7 +129,7 @@ class Catalog:
                 try:
                     now = time.monotonic()
                     if now - self._checked_at >= self._refresh_seconds:
-                        stamp = self._storage.metrics_stamp()
+                        stamp = self._metrics.metrics_stamp()
                         if stamp != self._snapshot.stamp:
                             self._load(now, stamp)
                         else:

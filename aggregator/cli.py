@@ -21,6 +21,12 @@ if the printed one is lost.
 perturbed reports for every metric served (``aggregator/demo_data.py``), so that a first
 start has estimates to show; on a database with statistics it adds nothing.
 
+``create-key`` and ``compact`` work on the database a server uses: each names it on stderr
+(the key itself goes alone to stdout, for scripts), and refuses, with exit status 2 and
+nothing created, where no aggregator database exists yet, since a key stored in a new,
+empty database would be refused by the running server. Start the server once with that
+data directory, or pass the server's ``--database``.
+
 ``--database`` is a SQLite file path, a ``sqlite:///`` URL or a PostgreSQL URL. As in
 SQLAlchemy, ``sqlite:///x.db`` is relative to the working directory and
 ``sqlite:////var/x.db`` (four slashes) is absolute; either is resolved to an absolute
@@ -47,21 +53,36 @@ from pathlib import Path
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-from aggregator.auth import ROLES, KeyRing, bootstrap_keys
+from aggregator.auth import ROLES, bootstrap_keys
 from aggregator.demo_data import fill_demo_data
 from aggregator.observability import uvicorn_log_config
 from aggregator.registry import DEMO_METRICS, load_definitions
-from aggregator.repositories.database import SchemaMismatchError
-from aggregator.service import Aggregator
+from aggregator.repositories.database import DatabaseNotFoundError, SchemaMismatchError
+from aggregator.service import Services
 from aggregator.settings import Settings, default_database
 from shared.schemas import MetricSpec
 
 #: Most metrics the start lists by name (the rest are counted).
 LISTED_METRICS = 20
 
+DESCRIPTION = "Run the LDP telemetry aggregator service and its maintenance tasks."
+EPILOG = """\
+The database is --database (a SQLite file path, or a sqlite:/// or PostgreSQL URL),
+else LDP_DATABASE, else aggregator.sqlite3 in LDP_DATA_DIR (by default
+~/.local/share/ldp-telemetry). "serve" creates it on its first start; "create-key" and
+"compact" need the database a server already uses, and refuse where there is none.
+
+Run "ldp-aggregator COMMAND --help" for a command's options.
+"""
+
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ldp-aggregator", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="ldp-aggregator",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the HTTP service")
@@ -110,23 +131,43 @@ def main(argv: list[str] | None = None) -> int:
         settings = replace(settings, database=absolute_database(settings.database))
         if args.command == "serve":
             return _serve(args, settings)
-        service = open_service(settings)
+        services = open_services(settings, create=False)
+        print(f"database: {describe_database(settings.database)}", file=sys.stderr, flush=True)
+    except DatabaseNotFoundError as error:
+        parser.exit(2, f"ldp-aggregator: error: {no_database(args, settings, error)}\n")
     except ValueError as error:
         parser.exit(2, f"ldp-aggregator: error: {error}\n")
     try:
         if args.command == "compact":
-            result = service.compact()
+            result = services.aggregator.compact()
             rows = "row" if result.rows_merged == 1 else "rows"
             groups = "group" if result.groups == 1 else "groups"
             print(f"merged {result.rows_merged} partial {rows} in {result.groups} {groups}")
         else:
-            key_id, secret = KeyRing(service.storage).create(args.role, args.label)
+            key_id, secret = services.keys.create(args.role, args.label)
             print(f"{args.role} key {key_id}: {secret}")
     except ValueError as error:
         parser.exit(2, f"ldp-aggregator: error: {error}\n")
     finally:
-        service.close()
+        services.close()
     return 0
+
+
+def no_database(args: argparse.Namespace, settings: Settings, error: DatabaseNotFoundError) -> str:
+    """The refusal of a command that needs an existing database where there is none: which
+    database, where that setting came from, and what to do."""
+    if args.database is not None or os.environ.get("LDP_DATABASE"):
+        source = "--database" if args.database is not None else "LDP_DATABASE"
+        fix = "this database"
+    else:
+        data_dir = os.environ.get("LDP_DATA_DIR")
+        source = f"LDP_DATA_DIR={data_dir}" if data_dir else "the default location"
+        fix = "this data directory"
+    return (
+        f"no aggregator database at {describe_database(settings.database)} (from {source}): "
+        f"{error}; start the server once with {fix} (ldp-aggregator serve), or pass the "
+        "server's database with --database"
+    )
 
 
 def _database_option(parser: argparse.ArgumentParser) -> None:
@@ -183,11 +224,13 @@ def _redacted(database: str) -> str:
     return make_url(database).render_as_string(hide_password=True)
 
 
-def open_service(settings: Settings) -> Aggregator:
-    """The ``Aggregator`` over the settings' database; ValueError, in one line, when the
-    database cannot be opened (no server, refused login, a schema of another version)."""
+def open_services(settings: Settings, create: bool = True) -> Services:
+    """The services over the settings' database; ValueError, in one line, when the
+    database cannot be opened (no server, refused login, a schema of another version).
+    With ``create=False``, ``DatabaseNotFoundError`` where no aggregator database exists
+    yet (``no_database`` words it)."""
     try:
-        return Aggregator(settings)
+        return Services.open(settings, create=create)
     except (SQLAlchemyError, SchemaMismatchError) as error:
         cause = getattr(error, "orig", None) or error
         reason = " ".join(str(cause).split()) or type(cause).__name__
@@ -271,8 +314,9 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     definitions = load_definitions(args.config) if args.config else None
     check_address(args.host, args.port)
     logging.config.dictConfig(uvicorn_log_config(args.log_level))  # the start's own messages
-    service = open_service(settings)
-    if args.workers > 1 and service.storage.dialect == "sqlite":
+    services = open_services(settings)
+    service = services.aggregator
+    if args.workers > 1 and services.repositories.database.dialect == "sqlite":
         print(
             "note: SQLite has one writer at a time; several workers share the validation "
             "work but take turns to commit. PostgreSQL is the path past that.",
@@ -284,11 +328,11 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
                 service.define(name, definition)
         else:
             service.define_missing(DEMO_METRICS)
-        created = bootstrap_keys(KeyRing(service.storage), service.storage, os.environ)
+        created = bootstrap_keys(services.keys, services.repositories.keys, os.environ)
         metrics = service.catalog.latest()
         filled = fill_demo_data(service) if args.demo_data else None
     finally:
-        service.close()
+        services.close()
     if created is not None:
         print(
             f"Created an admin API key (shown only now; the server keeps its hash):\n  {created}",

@@ -69,8 +69,7 @@ def fill_demo_data(
     ``rng`` perturbs the reports (and draws the RAPPOR secrets); ``None`` is the OS
     CSPRNG, as on a device. A seeded generator makes a reproducible demo.
     """
-    storage = service.storage
-    if any(storage.partial_rows(m.name, m.version) for m in storage.metrics()):
+    if service.holds_statistics():
         return {}
     settings = service.settings
     hours = min(DEMO_HOURS, settings.dedupe_retention_hours)

@@ -2,10 +2,13 @@
 
 ``Service``, ``FederatedService`` and ``Keys`` hand a route the application's
 ``Aggregator``, ``Federated`` and ``KeyRing`` (kept on ``app.state`` by ``create_app``).
-``Device``, ``Analyst`` and ``Admin`` are ``Annotated`` aliases a route takes as a
-parameter; each admits a request bearing a valid key of that role (an admin key is
-admitted everywhere), answers 401 without one, 403 with a key of another role, and 429
-with ``Retry-After`` when the key's rate limit is spent.
+``require_device``, ``require_analyst`` and ``require_admin`` admit a request bearing a
+valid key of that role (an admin key is admitted everywhere), answer 401 without one, 403
+with a key of another role, and 429 with ``Retry-After`` when the key's rate limit is
+spent. A router whose endpoints all need one role lists it in its ``dependencies``; an
+endpoint that needs the key's identity (to log it) takes ``Device``, ``Analyst`` or
+``Admin``, the ``Annotated`` aliases of the same dependencies, which FastAPI runs once
+per request however often they are named.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from fastapi import Depends, Path, Request
 from fastapi.concurrency import run_in_threadpool
 
 from aggregator.auth import KEY_OF_ROLE, KeyRing, Principal, RateLimiter, Role
-from aggregator.federated import Federated
+from aggregator.federated import TASK_NAME, Federated
 from aggregator.problems import ProblemError
 from aggregator.registry import METRIC_NAME
 from aggregator.service import Aggregator
@@ -31,14 +34,20 @@ __all__ = [
     "Keys",
     "MetricName",
     "Service",
+    "TaskName",
     "authorized",
     "get_federated",
     "get_keys",
     "get_service",
+    "require_admin",
+    "require_analyst",
+    "require_device",
 ]
 
 #: A metric's name in a path.
 MetricName = Annotated[str, Path(pattern=METRIC_NAME.pattern, description="Metric name.")]
+#: A federated task's name in a path.
+TaskName = Annotated[str, Path(pattern=TASK_NAME.pattern, description="Task name.")]
 
 
 def get_service(request: Request) -> Aggregator:
@@ -110,6 +119,10 @@ def authorized(role: Role) -> Callable[[Request], Awaitable[Principal]]:
     return dependency
 
 
-Device = Annotated[Principal, Depends(authorized("device"))]
-Analyst = Annotated[Principal, Depends(authorized("analyst"))]
-Admin = Annotated[Principal, Depends(authorized("admin"))]
+require_device = authorized("device")
+require_analyst = authorized("analyst")
+require_admin = authorized("admin")
+
+Device = Annotated[Principal, Depends(require_device)]
+Analyst = Annotated[Principal, Depends(require_analyst)]
+Admin = Annotated[Principal, Depends(require_admin)]

@@ -19,8 +19,10 @@ window's total alone could be bypassed by differencing: the estimates over ``[h-
 and ``[h-3, h+1)`` differ by exactly the reports of hour ``h``, however few. With the
 threshold per bucket, adding a bucket below it to a window leaves that window's estimate
 unchanged. The estimate says what was left out (``suppressed_buckets``,
-``suppressed_reports``): report counts are public in this design (``n`` is released), so
-this tells the size of a small bucket, never anything about its reports' values.
+``suppressed_reports``, and of those reports the ``pending_reports`` of the current
+bucket, which is still filling and enters once it reaches the threshold): report counts
+are public in this design (``n`` is released), so this tells the size of a small bucket,
+never anything about its reports' values.
 
 A categorical estimate lists a bounded selection of its categories (``ValueView``,
 ``aggregator.value_listing``): all of them up to 4,096, else the 1,000 largest estimates by
@@ -51,7 +53,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
-from aggregator.storage import PartialRow
+from aggregator.repositories.reports import PartialRow
 from aggregator.value_listing import (
     DEFAULT_TOP_VALUES,
     DEFAULT_VIEW,
@@ -126,10 +128,13 @@ class ReleasedBuckets:
     #: Buckets with reports, but fewer than ``min_reports``, and those reports.
     suppressed_buckets: int
     suppressed_reports: int
+    #: Of the suppressed reports, those in buckets from ``current`` on (still filling).
+    pending_reports: int
 
     @classmethod
-    def of(cls, rows: Sequence[PartialRow], min_reports: int) -> ReleasedBuckets:
-        """Keep the rows of the buckets whose rows hold ``sum n >= min_reports`` reports."""
+    def of(cls, rows: Sequence[PartialRow], min_reports: int, current: int) -> ReleasedBuckets:
+        """Keep the rows of the buckets whose rows hold ``sum n >= min_reports`` reports;
+        ``current`` is the start of the bucket that holds the present moment."""
         buckets = np.fromiter((row.bucket for row in rows), dtype=np.int64, count=len(rows))
         counts = np.fromiter((row.n for row in rows), dtype=np.int64, count=len(rows))
         distinct, which = np.unique(buckets, return_inverse=True)
@@ -144,6 +149,7 @@ class ReleasedBuckets:
             buckets=int(large.sum()),
             suppressed_buckets=int(small.sum()),
             suppressed_reports=int(sizes[small].sum()),
+            pending_reports=int(sizes[small & (distinct >= current)].sum()),
         )
 
     def as_json(self) -> dict[str, int]:
@@ -152,6 +158,7 @@ class ReleasedBuckets:
             "buckets": self.buckets,
             "suppressed_buckets": self.suppressed_buckets,
             "suppressed_reports": self.suppressed_reports,
+            "pending_reports": self.pending_reports,
         }
 
 
@@ -227,6 +234,11 @@ class SeriesGrid:
         return EstimateWindow(first, first + self.seconds)
 
 
+def current_bucket(now: datetime, bucket_seconds: int) -> int:
+    """The start of the time bucket ``now`` falls in: the one still filling."""
+    return int(now.timestamp()) // bucket_seconds * bucket_seconds
+
+
 def _utc(value: datetime, name: str) -> datetime:
     if value.tzinfo is None:
         raise ValueError(f"{name} must carry a time zone, e.g. 2026-11-22T00:00:00Z")
@@ -288,6 +300,11 @@ class EstimateBase(BaseModel):
     suppressed_reports: int = Field(
         description="Reports in the suppressed buckets (report counts are public, as n is; "
         "the suppressed reports' values are never used)."
+    )
+    pending_reports: int = Field(
+        description="Of suppressed_reports, those in the current time bucket (the one now "
+        "falls in), which is still filling: they enter the estimate once the bucket holds "
+        "min_reports reports. Reports that arrived but are not in n yet."
     )
 
 
@@ -668,12 +685,14 @@ def build_series(
     rows: Sequence[PartialRow],
     grid: SeriesGrid,
     min_reports: int,
+    current: int,
     strings: list[str] | None = None,
     view: ValueView = DEFAULT_VIEW,
 ) -> dict[str, object]:
     """One estimate per step of ``grid`` from ``rows`` (the range's partial rows), JSON-ready
     in the ``SeriesOut`` shape; a string metric's at ``strings`` (``series_strings``), a
-    categorical one's listing the categories ``view`` chooses.
+    categorical one's listing the categories ``view`` chooses. ``current`` is the start of
+    the bucket still filling (``current_bucket``).
 
     The rows are grouped by step in one pass (a stable sort of their step indices); each
     step's estimate is ``build_estimate`` of its released buckets (``ReleasedBuckets``), or
@@ -689,7 +708,9 @@ def build_series(
     for index in range(grid.count):
         window = grid.window(index)
         released = ReleasedBuckets.of(
-            [rows[i] for i in order[edges[index] : edges[index + 1]].tolist()], min_reports
+            [rows[i] for i in order[edges[index] : edges[index + 1]].tolist()],
+            min_reports,
+            current,
         )
         estimate = None
         if released.rows:

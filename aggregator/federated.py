@@ -84,8 +84,10 @@ from shared.federated.messages import (
 )
 from shared.federated.models import evaluate, make_model
 from shared.federated.task import BudgetExhaustedError, TaskConfig, TaskState
+from shared.schemas import NAME_PATTERN
 
 __all__ = [
+    "TASK_NAME",
     "Federated",
     "FederatedError",
     "InvalidTaskError",
@@ -98,6 +100,11 @@ __all__ = [
 ]
 
 logger = logging.getLogger("ldp.aggregator")
+
+#: Task names, as paths take them: today the characters of metric names (``TaskCreate``
+#: checks a new task's name against the same pattern), kept apart from ``METRIC_NAME`` so
+#: that either may change alone.
+TASK_NAME = NAME_PATTERN
 
 
 class FederatedError(Exception):

@@ -2,17 +2,18 @@
 
 Routes (``aggregator/routes/``) validate and delegate here, and the exceptions raised
 here are plain domain errors (``aggregator/errors.py`` answers them); the math is the
-mechanisms' (``shared/mechanisms``); the state is ``Storage``'s (its metrics and reports
-repositories). One ``Aggregator`` per process.
+mechanisms' (``shared/mechanisms``); the state is the metrics and reports repositories'
+(``aggregator/repositories/``). ``Services.open(settings)`` opens the database and builds
+one ``Aggregator``, ``Federated`` and ``KeyRing`` over it, each given the repositories it
+uses; one set per process.
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from aggregator import observability as obs
+from aggregator.auth import KeyRing
 from aggregator.catalog import Catalog
 from aggregator.estimates import (
     MAX_HEAVY_HITTERS,
@@ -23,13 +24,17 @@ from aggregator.estimates import (
     build_estimate,
     build_heavy_hitters,
     build_series,
+    current_bucket,
     merged_statistics,
     series_strings,
 )
+from aggregator.federated import Federated
 from aggregator.ingest import BatchTooLargeError, prepare, utc_now
 from aggregator.registry import check_metric_name
+from aggregator.repositories.metrics import MetricsRepository
+from aggregator.repositories.reports import ReportsRepository
 from aggregator.settings import Settings
-from aggregator.storage import Storage, StorageUnavailableError
+from aggregator.storage import Repositories, StorageHealth, StorageUnavailableError
 from aggregator.value_listing import DEFAULT_VIEW, ValueView
 from shared.mechanisms import Mechanism, make_mechanism
 from shared.mechanisms.strings import OpenStringMechanism
@@ -42,7 +47,17 @@ from shared.schemas import (
 )
 from shared.statistics import CountStatistics, MomentStatistics
 
-logger = logging.getLogger("ldp.aggregator")
+__all__ = [
+    "Aggregator",
+    "CompactionResult",
+    "InvalidEstimateError",
+    "InvalidMetricError",
+    "NotDiscoveryMetricError",
+    "NotEnoughReportsError",
+    "Services",
+    "StorageUnavailableError",
+    "UnknownMetricError",
+]
 
 
 class UnknownMetricError(LookupError):
@@ -62,15 +77,22 @@ class NotDiscoveryMetricError(InvalidEstimateError):
 
 
 class NotEnoughReportsError(Exception):
-    """No time bucket in the window holds the release threshold's number of reports."""
+    """No time bucket in the window holds the release threshold's number of reports
+    (``pending`` of the window's ``n`` reports are in the current bucket, still filling)."""
 
-    def __init__(self, n: int, needed: int, buckets: int) -> None:
+    def __init__(self, n: int, needed: int, buckets: int, pending: int = 0) -> None:
         where = f" in {buckets} time bucket{'s' * (buckets != 1)}" if buckets else ""
+        waiting = (
+            f" ({pending} of them in the current time bucket, which is still filling: they "
+            f"are released once it holds {needed})"
+            if pending
+            else ""
+        )
         super().__init__(
             f"the window holds {n} reports{where}; an estimate is built only from time "
-            f"buckets holding at least {needed} reports each, and the window has none"
+            f"buckets holding at least {needed} reports each, and the window has none{waiting}"
         )
-        self.n, self.needed, self.buckets = n, needed, buckets
+        self.n, self.needed, self.buckets, self.pending = n, needed, buckets, pending
 
 
 @dataclass
@@ -80,41 +102,39 @@ class CompactionResult:
 
 
 class Aggregator:
-    """Define metrics, ingest batches exactly once, publish estimates, compact statistics."""
+    """Define metrics, ingest batches exactly once, publish estimates, compact statistics.
 
-    def __init__(self, settings: Settings, storage: Storage | None = None) -> None:
+    Over the ``catalog`` of the ``metrics`` repository (which stores definitions), the
+    ``reports`` repository (ids and statistics) and the storage's ``health`` check.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        catalog: Catalog,
+        metrics: MetricsRepository,
+        reports: ReportsRepository,
+        health: StorageHealth,
+    ) -> None:
         self.settings = settings
-        self.storage = storage or Storage(settings.database, settings.database_timeout)
-        self.catalog = Catalog(self.storage)
-
-    def close(self) -> None:
-        self.storage.close()
+        self.catalog = catalog
+        self._metrics = metrics
+        self._reports = reports
+        self._health = health
 
     def ping(self) -> str:
-        """The storage dialect's name, once the database answers and nothing says the
-        group-commit writer cannot commit; ``StorageUnavailableError`` otherwise (any
-        failure of the round trip counts as unreachable)."""
-        try:
-            self.storage.ping()
-        except StorageUnavailableError:
-            raise
-        except Exception as error:  # noqa: BLE001 - any storage failure is "unreachable"
-            obs.log(logger, logging.WARNING, "storage unreachable", error=type(error).__name__)
-            raise StorageUnavailableError(
-                "the database did not answer", self.settings.database_timeout
-            ) from None
-        trouble = self.storage.writer_trouble()
-        if trouble is not None:
-            raise StorageUnavailableError(
-                f"the database answers, but the writer cannot commit: {trouble}",
-                self.settings.database_timeout,
-            )
-        return self.storage.dialect
+        """The storage dialect's name when the storage can serve now, else
+        ``StorageUnavailableError`` (``StorageHealth.check``)."""
+        return self._health.check()
+
+    def holds_statistics(self) -> bool:
+        """Whether any report statistics are stored."""
+        return self._reports.holds_statistics()
 
     def define(self, name: str, definition: MetricDefinition) -> tuple[MetricSpec, bool]:
         check_metric_name(name)
         make_mechanism(definition.mechanism)  # refuse a spec the mechanism cannot serve
-        metric, created = self.storage.define_metric(name, definition)
+        metric, created = self._metrics.define_metric(name, definition)
         self.catalog.reload()
         return metric, created
 
@@ -154,7 +174,7 @@ class Aggregator:
         now = now or utc_now()
         oldest = now - timedelta(hours=self.settings.dedupe_retention_hours)
         prepared, repeated = prepare(batch, self.catalog, self.settings.bucket_seconds, now, oldest)
-        accepted, duplicates = self.storage.ingest(prepared.ids, prepared.fold)
+        accepted, duplicates = self._reports.ingest(prepared.ids, prepared.fold)
         return IngestResult(accepted=accepted, duplicates=duplicates + repeated)
 
     def estimate(
@@ -165,18 +185,20 @@ class Aggregator:
         end: datetime | None = None,
         candidates: list[str] | None = None,
         view: ValueView = DEFAULT_VIEW,
+        now: datetime | None = None,
     ) -> dict[str, object]:
         """The estimate of one metric version over ``start <= time < end`` (JSON-ready),
         listing the categories ``view`` chooses (``aggregator.value_listing``).
 
         Only the time buckets holding at least ``min_reports`` reports are used
-        (``ReleasedBuckets``); ``NotEnoughReportsError`` when the window has none. The
-        partial rows are summed into one accumulator (``merge_many``), not pairwise. A
-        window or candidates that cannot be used raise ``InvalidEstimateError``.
+        (``ReleasedBuckets``; the bucket of ``now``, default the present, is the one still
+        filling); ``NotEnoughReportsError`` when the window has none. The partial rows are
+        summed into one accumulator (``merge_many``), not pairwise. A window or candidates
+        that cannot be used raise ``InvalidEstimateError``.
         """
         metric, mechanism = self._metric(name, version)
         try:
-            window, released, stats = self._released(metric, mechanism, start, end)
+            window, released, stats = self._released(metric, mechanism, start, end, now)
             return build_estimate(metric, mechanism, stats, window, released, candidates, view)
         except ValueError as error:
             raise InvalidEstimateError(str(error)) from None
@@ -203,11 +225,13 @@ class Aggregator:
         """
         metric, mechanism = self._metric(name, version)
         try:
-            grid = SeriesGrid.of(start, end, step, self.settings.bucket_seconds, now or utc_now())
+            now = now or utc_now()
+            grid = SeriesGrid.of(start, end, step, self.settings.bucket_seconds, now)
             strings = series_strings(metric, mechanism, grid, candidates, view)
-            rows = self.storage.partial_rows(metric.name, metric.version, grid.first, grid.stop)
+            rows = self._reports.partial_rows(metric.name, metric.version, grid.first, grid.stop)
+            current = current_bucket(now, self.settings.bucket_seconds)
             return build_series(
-                metric, mechanism, rows, grid, self.settings.min_reports, strings, view
+                metric, mechanism, rows, grid, self.settings.min_reports, current, strings, view
             )
         except ValueError as error:
             raise InvalidEstimateError(str(error)) from None
@@ -243,7 +267,7 @@ class Aggregator:
         if not 1 <= k <= MAX_HEAVY_HITTERS:
             raise InvalidEstimateError(f"k must lie in 1..{MAX_HEAVY_HITTERS}, got {k}")
         try:
-            window, released, stats = self._released(metric, mechanism, start, end)
+            window, released, stats = self._released(metric, mechanism, start, end, None)
             return build_heavy_hitters(metric, mechanism, stats, window, released, k)
         except ValueError as error:
             raise InvalidEstimateError(str(error)) from None
@@ -264,21 +288,27 @@ class Aggregator:
         mechanism: Mechanism,
         start: datetime | None,
         end: datetime | None,
+        now: datetime | None,
     ) -> tuple[EstimateWindow, ReleasedBuckets, CountStatistics | MomentStatistics]:
-        """The window, its released buckets and their statistics merged into one."""
+        """The window, its released buckets (the bucket of ``now``, default the present,
+        still filling) and their statistics merged into one."""
         window = EstimateWindow.of(start, end, self.settings.bucket_seconds)
-        rows = self.storage.partial_rows(metric.name, metric.version, window.first, window.stop)
-        released = ReleasedBuckets.of(rows, self.settings.min_reports)
+        rows = self._reports.partial_rows(metric.name, metric.version, window.first, window.stop)
+        current = current_bucket(now or utc_now(), self.settings.bucket_seconds)
+        released = ReleasedBuckets.of(rows, self.settings.min_reports, current)
         if not released.rows:
             raise NotEnoughReportsError(
-                released.suppressed_reports, released.min_reports, released.suppressed_buckets
+                released.suppressed_reports,
+                released.min_reports,
+                released.suppressed_buckets,
+                released.pending_reports,
             )
         return window, released, merged_statistics(mechanism, released.rows)
 
     def compact(self) -> CompactionResult:
         """Merge each (metric, version, bucket)'s partial rows into one."""
         groups = merged = 0
-        for metric, version, bucket in self.storage.groups_to_compact():
+        for metric, version, bucket in self._reports.groups_to_compact():
             mechanism = self.catalog.mechanism(metric, version)
             if mechanism is None:
                 continue
@@ -289,7 +319,44 @@ class Aggregator:
                 )
                 return total.n, total.to_bytes()  # the smaller of dense and sparse
 
-            rows = self.storage.compact_group(metric, version, bucket, merge)
+            rows = self._reports.compact_group(metric, version, bucket, merge)
             groups += rows > 0
             merged += rows
         return CompactionResult(groups, merged)
+
+
+@dataclass(frozen=True)
+class Services:
+    """The service objects of one process over one set of ``repositories``, each given
+    only the repositories it uses; ``close`` closes the repositories."""
+
+    repositories: Repositories
+    aggregator: Aggregator
+    federated: Federated
+    keys: KeyRing
+
+    @classmethod
+    def open(cls, settings: Settings, create: bool = True) -> Services:
+        """The services over the settings' database; with ``create=False`` a database that
+        does not exist yet is refused (``DatabaseNotFoundError``), not created."""
+        repositories = Repositories.open(settings.database, settings.database_timeout, create)
+        try:
+            return cls.over(settings, repositories)
+        except BaseException:
+            repositories.close()
+            raise
+
+    @classmethod
+    def over(cls, settings: Settings, repositories: Repositories) -> Services:
+        """The services over ``repositories`` (which the caller closes)."""
+        health = StorageHealth(repositories.database, repositories.reports)
+        catalog = Catalog(repositories.metrics)
+        aggregator = Aggregator(
+            settings, catalog, repositories.metrics, repositories.reports, health
+        )
+        return cls(
+            repositories, aggregator, Federated(repositories.tasks), KeyRing(repositories.keys)
+        )
+
+    def close(self) -> None:
+        self.repositories.close()

@@ -4,7 +4,8 @@
 a second one there is ``StateDirectoryInUseError``); ``BudgetLimits`` sets the
 device's own epsilon caps (``client/ledger.py``), and a metric version whose spec changed
 under it is refused with ``SpecChangedError``, a damaged outbox with
-``OutboxCorruptError``; ``FederatedClient``
+``OutboxCorruptError``; why the last upload failed is ``TelemetryClient.last_error``
+(an ``UploadError``); ``FederatedClient``
 (``client/federated.py``) takes part in federated learning tasks. The package imports numpy, httpx,
 pydantic and the standard library only (and ``shared``).
 """
@@ -29,7 +30,7 @@ from client.ledger import (
 from client.outbox import OutboxCorruptError
 from client.sdk import StateDirectoryInUseError, TelemetryClient
 from client.specs import SpecChangedError, SpecError
-from client.transport import RetryPolicy
+from client.transport import RetryPolicy, UploadError
 
 __all__ = [
     "BudgetExhaustedError",
@@ -51,4 +52,5 @@ __all__ = [
     "TaskFinishedError",
     "TaskRefusedError",
     "TelemetryClient",
+    "UploadError",
 ]

@@ -17,7 +17,10 @@ the aggregator (``/v1/federated/...``). Each round it:
 5. uploads the privatized update with a fresh ``update_id``; a failed upload (connection
    error, 429, 502, 503, 504) is retried with the same bytes and id, with exponential
    backoff and jitter, honouring ``Retry-After``; a round that closed meanwhile (409)
-   ends the attempt.
+   ends the attempt. Any other error answer (a key unknown or revoked, 401; of another
+   role, 403; an update refused, 422) raises :class:`FederatedError` at once, with the
+   status and the ``detail`` of the server's problem document (RFC 9457); an upload still
+   failing after ``max_attempts`` is logged at WARNING with its last reason.
 
 The model is the built-in one the task names, or any object with the
 :class:`shared.federated.models.Model` interface (a flat parameter vector, a loss and its
@@ -89,14 +92,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import httpx
 import numpy as np
 from pydantic import ConfigDict, PrivateAttr
 
 from client.federated_ledger import FederatedLedger, device_epsilon
-from client.transport import RETRYABLE_STATUS, RetryPolicy, retry_after_seconds
+from client.transport import RETRYABLE_STATUS, RetryPolicy, problem_detail, retry_after_seconds
 from shared.caps import within_cap
 from shared.federated.messages import RoundOut, UpdateUpload, decode_vector, encode_vector
 from shared.federated.models import Model, make_model
@@ -120,7 +123,26 @@ logger = logging.getLogger("ldp.federated")
 
 
 class FederatedError(RuntimeError):
-    """The task cannot be joined or the server refused the update (not retryable)."""
+    """The task cannot be joined or the server refused the update (not retryable).
+
+    When the error is the aggregator's answer, ``status`` is its HTTP status and
+    ``detail`` the ``detail`` of its problem document (RFC 9457), e.g. "the key is
+    unknown or revoked"; both are None otherwise.
+    """
+
+    def __init__(self, message: str, status: int | None = None, detail: str | None = None):
+        super().__init__(message)
+        self.status, self.detail = status, detail
+
+    @classmethod
+    def from_response(cls, response: httpx.Response) -> Self:
+        """The error that an answer of the aggregator is, saying which request it answered."""
+        request, detail = response.request, problem_detail(response)
+        return cls(
+            f"HTTP {response.status_code} to {request.method} {request.url.path}: {detail}",
+            response.status_code,
+            detail,
+        )
 
 
 class TaskFinishedError(FederatedError):
@@ -253,9 +275,9 @@ class FederatedClient:
         """The task's open round; FederatedError once the task is finished or refused."""
         response = self._request("GET", f"/v1/federated/tasks/{self.task}/round")
         if response.status_code == 409 and _problem_type(response).endswith("task-finished"):
-            raise TaskFinishedError(_problem(response))
+            raise TaskFinishedError.from_response(response)
         if response.status_code != 200:
-            raise FederatedError(_problem(response))
+            raise FederatedError.from_response(response)
         try:
             data = response.json()
         except ValueError:
@@ -446,20 +468,27 @@ class FederatedClient:
 
     def _upload(self, body: dict[str, Any]) -> bool:
         path = f"/v1/federated/tasks/{self.task}/updates"
+        reason = "no attempt made"
         for attempt in range(self.max_attempts):
             try:
                 response = self._request("POST", path, json=body)
-            except httpx.TransportError:
-                response = None
+            except httpx.TransportError as error:
+                response, reason = None, f"{type(error).__name__}: {error}"
             if response is not None and response.status_code == 200:
                 return True
             if response is not None and response.status_code == 409:
                 return False  # the round closed (or the task finished) meanwhile
             if response is not None and response.status_code not in RETRYABLE_STATUS:
-                raise FederatedError(_problem(response))
+                raise FederatedError.from_response(response)
+            if response is not None:
+                reason = f"HTTP {response.status_code}: {problem_detail(response)}"
             if attempt + 1 < self.max_attempts:
                 retry_after = None if response is None else retry_after_seconds(response)
                 time.sleep(self.retry.delay(attempt, retry_after, self._jitter))
+        logger.warning(
+            "task %r: the update was not uploaded in %d attempts; the last failed with %s",
+            self.task, self.max_attempts, reason,
+        )  # fmt: skip
         return False
 
     def _request(self, method: str, path: str, **options: Any) -> httpx.Response:
@@ -499,11 +528,3 @@ def _problem_type(response: httpx.Response) -> str:
         return str(response.json().get("type", ""))
     except ValueError:
         return ""
-
-
-def _problem(response: httpx.Response) -> str:
-    try:
-        detail = response.json().get("detail")
-    except ValueError:
-        detail = response.text[:200]
-    return f"{response.status_code}: {detail}"

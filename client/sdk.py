@@ -10,6 +10,13 @@
 the operating system's CSPRNG, and queues only the perturbed report in the outbox; the
 raw value goes no further than this call. A background thread uploads the outbox.
 
+An upload that fails leaves its reason in ``last_error`` (``UploadError``: the HTTP status,
+the server's problem ``detail``, whether it is permanent, when) until one succeeds. A
+refused key (401 unknown or revoked, 403 of another role) or endpoint is permanent: the
+reports stay queued for a corrected key or endpoint to deliver, are sent again only every
+``RetryPolicy.refused_delay``, the refusal is logged once at WARNING on ``ldp.client``,
+and ``flush`` returns False at once.
+
 ``record_string`` does the same for string metrics: RAPPOR (memoized, below) and the
 open-domain mechanisms ``cms``, ``hcms``, ``pem`` and ``sfp``. A string is checked to be a
 ``str`` whose UTF-8 bytes fit the metric's ``max_length`` (``pem``, ``sfp``). The
@@ -69,7 +76,7 @@ import numpy as np
 from client.ledger import BudgetLimits, BudgetStatus, MemoizedCost, PrivacyLedger
 from client.outbox import Outbox
 from client.specs import SpecCache, SpecError
-from client.transport import RetryPolicy, ServerClock, Uploader
+from client.transport import RetryPolicy, ServerClock, Uploader, UploadError
 from shared.hashing import keyed_digest
 from shared.mechanisms import Mechanism, Rappor, make_mechanism
 from shared.mechanisms.memoized import MemoizedMechanism
@@ -134,7 +141,13 @@ class TelemetryClient:
         self._mechanisms: dict[bytes, Mechanism] = {}
         self._memos: dict[bytes, KeyedMemo] = {}
         self._uploader = Uploader(
-            self._outbox, self._post_batch, batch_size, upload_interval, retry, on_tick=self._tick
+            self._outbox,
+            self._post_batch,
+            batch_size,
+            upload_interval,
+            retry,
+            on_tick=self._tick,
+            clock=clock,
         )
         self._closed = False
 
@@ -198,8 +211,16 @@ class TelemetryClient:
 
     # --- delivery ----------------------------------------------------------------------
 
+    @property
+    def last_error(self) -> UploadError | None:
+        """Why the last upload failed (status, the server's ``detail``, ``permanent``,
+        time); None before any upload failed and again once one succeeds."""
+        return self._uploader.last_error
+
     def flush(self, timeout: float = 10.0) -> bool:
-        """Upload what is queued; True when the outbox is empty within ``timeout`` seconds."""
+        """Upload what is queued; True when the outbox is empty within ``timeout`` seconds.
+        False at once when the aggregator refuses this device's key or endpoint (the
+        reports stay queued): ``last_error`` says why."""
         return self._uploader.flush(timeout)
 
     def close(self, timeout: float = 5.0) -> bool:

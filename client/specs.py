@@ -56,6 +56,9 @@ class SpecCache:
         self._fetch = fetch
         self.refresh_seconds = refresh_seconds
         self._lock = threading.Lock()
+        #: One fetch at a time: a refresh forced by ``record`` and the uploader's periodic
+        #: one would otherwise write the cache file's temporary copy together.
+        self._refreshing = threading.Lock()
         self._specs: dict[str, tuple[MetricSpec, bytes]] = {}
         self._problems: dict[str, str] = {}
         self._fetched_at = -float("inf")
@@ -88,6 +91,10 @@ class SpecCache:
 
     def refresh(self, force: bool = False) -> bool:
         """Fetch the specs if due (or ``force``); False when offline (the cache stays)."""
+        with self._refreshing:
+            return self._refresh(force)
+
+    def _refresh(self, force: bool) -> bool:
         now = time.monotonic()
         if not force and now - self._fetched_at < self.refresh_seconds:
             return True

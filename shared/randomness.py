@@ -50,6 +50,10 @@ DIRECT_BERNOULLI_WORDS = 64
 BITS53 = 1 << 53
 _WORD_DTYPE = np.dtype(np.uint64)
 _WORD_MAX = np.iinfo(np.uint64).max
+#: Bit generators whose raw output is one uniform 64-bit word: for them ``random_raw`` is
+#: the very word ``integers(0, 2**64 - 1, endpoint=True)`` returns (numpy draws the full
+#: range as ``next_uint64``, unmasked), at a fraction of its call overhead.
+_RAW_64 = (np.random.PCG64, np.random.PCG64DXSM, np.random.Philox, np.random.SFC64)
 
 
 def threshold53(p: float | npt.ArrayLike, rounding: Rounding) -> np.ndarray:
@@ -152,6 +156,11 @@ class RandomSource:
                 f"rng must be a numpy.random.Generator or None (secure default), got {type(rng)!r}"
             )
         self._rng = rng
+        self._raw = (
+            rng.bit_generator.random_raw
+            if rng is not None and type(rng.bit_generator) in _RAW_64
+            else None
+        )
 
     @property
     def secure(self) -> bool:
@@ -164,6 +173,8 @@ class RandomSource:
             return np.zeros(0, dtype=np.uint64)
         if self._rng is None:
             return np.frombuffer(os.urandom(8 * size), dtype=_WORD_DTYPE).copy()
+        if self._raw is not None:
+            return self._raw(size).view(_WORD_DTYPE)
         return self._rng.integers(
             0, np.iinfo(np.uint64).max, size=size, dtype=np.uint64, endpoint=True
         )
@@ -378,17 +389,19 @@ class RandomSource:
 
     def _bernoulli_exp_unit(self, nums: np.ndarray, denominator: int) -> np.ndarray:
         """Bernoulli(exp(-nums / denominator)) for 0 <= nums <= denominator."""
-        result = np.zeros(nums.shape, dtype=bool)
-        active = np.arange(nums.size)
         flat = nums.reshape(-1)
+        result = np.zeros(flat.size, dtype=bool)
+        active = np.arange(flat.size)
         k = 1
         while active.size:
-            success = self.integers(denominator * k, active.size) < flat[active]
-            stopped = active[~success]
-            result.reshape(-1)[stopped] = k % 2 == 1
+            high = denominator * k
+            # A uniform integer below 1 is 0: no draw (a Generator draws none for it either).
+            draws = self.integers(high, active.size) if high > 1 else 0
+            success = draws < flat[active]
+            result[active[~success]] = k % 2 == 1
             active = active[success]
             k += 1
-        return result
+        return result.reshape(nums.shape)
 
     def geometric_exp(self, size: int) -> np.ndarray:
         """Geometric variates with ``P(V >= v) = exp(-v)``: failures before a Bernoulli(1 - 1/e)."""

@@ -595,6 +595,15 @@ class MetricDefinition(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     description: str = Field(default="", max_length=2000)
+    unit: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=32,
+        description=(
+            "Optional unit of a metric's values (e.g. 'minutes', 'ms'), shown on the "
+            "dashboard's axes and tables. Like the description, changing it keeps the version."
+        ),
+    )
     mechanism: MechanismSpec
     labels: tuple[str, ...] | None = Field(
         default=None,
@@ -648,7 +657,7 @@ class MetricSpec(MetricDefinition):
         return self.labels[index] if self.labels is not None else None
 
     def same_spec(self, definition: MetricDefinition) -> bool:
-        """Whether ``definition`` can share this version (it differs at most in description)."""
+        """Whether ``definition`` can share this version (it differs at most in description or unit)."""
         return self.mechanism == definition.mechanism and self.labels == definition.labels
 
 
@@ -676,7 +685,7 @@ class MetricDocument(MetricDefinition):
     def definition(self) -> MetricDefinition:
         """The definition alone, without the name and version it was sent with."""
         return MetricDefinition(
-            description=self.description, mechanism=self.mechanism, labels=self.labels
+            **{field: getattr(self, field) for field in MetricDefinition.model_fields}
         )
 
 

@@ -308,6 +308,15 @@ def summarize(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
     ``mse`` is the mean over repetitions (``mse_se`` its standard error), ``variance``
     the analytical MSE, ``ratio`` = mse / variance (1 when the theory holds),
     ``max_error`` the largest over repetitions, ``coverage`` and ``topk_recall`` means.
+
+    Numeric cells also get ``ratio_se``, the ratio's standard error. Each repetition's
+    error e_r of the mean is a sum over n users, near-normal N(0, V) with V the variance;
+    it is measured against the known truth, so sum_r e_r^2 / V is chi-square with R
+    degrees of freedom (not R - 1: no mean is estimated from the repetitions), whose
+    variance is 2 R. Hence Var[ratio] = Var[(1 / R) sum_r e_r^2 / V] = 2 rho^2 / R for a
+    true ratio rho, and ``ratio_se = ratio * sqrt(2 / R)``, rho estimated by the ratio.
+    (For a sample variance about a mean estimated from the same R draws the relative
+    standard error would be sqrt(2 / (R - 1)).)
     """
     groups: dict[int, list[Outcome]] = {}
     order: list[Cell] = []
@@ -344,5 +353,7 @@ def summarize(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
             ),
             "seconds": float(sum(o.seconds for o in group)),
         }
+        if isinstance(cell, NumericCell):
+            row["ratio_se"] = row["ratio"] * math.sqrt(2 / len(group))
         rows.append(row)
     return rows

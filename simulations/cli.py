@@ -1,9 +1,10 @@
 """The ``ldp-sim`` command: simulations that plan a deployment and check it against theory.
 
-Each subcommand lives in its own module and adds itself with ``register(subparsers)``,
-setting the defaults ``run`` (a function of the parsed arguments and the subcommand's
-parser, returning the exit code) and ``command_parser`` (that parser, so that errors
-name the subcommand). What ``ldp-sim --help`` shows is ``DESCRIPTION``, in plain text.
+Each subcommand lives in its own module of ``simulations.commands`` and adds itself with
+``register(subparsers)``, setting the defaults ``run`` (a function of the parsed arguments
+and the subcommand's parser, returning the exit code) and ``command_parser`` (that
+parser, so that errors name the subcommand). What ``ldp-sim --help`` shows is
+``DESCRIPTION``, in plain text.
 """
 
 from __future__ import annotations
@@ -28,7 +29,16 @@ results and PNG plots. Run 'ldp-sim COMMAND --help' for the options of each.
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from simulations import accuracy_commands, audit, dpsgd, federated, fleet, longitudinal, strings
+    from simulations.commands import (
+        audit,
+        dpsgd,
+        federated,
+        fleet,
+        frequency,
+        longitudinal,
+        numeric,
+        strings,
+    )
 
     parser = argparse.ArgumentParser(
         prog="ldp-sim",
@@ -38,13 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(
         title="commands", dest="command", required=True, metavar="COMMAND"
     )
-    accuracy_commands.register(subparsers)
-    audit.register(subparsers)
-    dpsgd.register(subparsers)
-    federated.register(subparsers)
-    fleet.register(subparsers)
-    longitudinal.register(subparsers)
-    strings.register(subparsers)
+    for command in (frequency, numeric, audit, dpsgd, federated, fleet, longitudinal, strings):
+        command.register(subparsers)
     return parser
 
 

@@ -28,15 +28,12 @@ Output: a table on screen; with ``--out DIR``, ``results.csv`` (one row per data
 partition, clients, mode and target epsilon: ``epsilon_spent``, ``final_accuracy`` and
 the task's parameters), ``rounds.csv`` (accuracy per round), ``results.json`` and
 ``accuracy.png`` (final accuracy against epsilon, one line per mode and client count,
-non-private FedAvg as a dotted reference).
+non-private FedAvg and runs at epsilon ``inf`` as dotted horizontal references).
 """
 
 from __future__ import annotations
 
-import argparse
-import logging
 import math
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,13 +41,12 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
-from tqdm import tqdm
 
 from shared.federated.models import ModelSpec, evaluate, make_model
 from shared.federated.privacy import privatize
 from shared.federated.task import TaskConfig, TaskState, local_update
 from simulations import report
-from simulations.text import HelpFormatter, counted
+from simulations.text import counted
 
 if TYPE_CHECKING:
     from client.federated import FederatedClient, RoundInfo
@@ -61,9 +57,11 @@ __all__ = [
     "FederatedRun",
     "load_dataset",
     "load_examples",
+    "plot_accuracy",
     "plot_accuracy_against_epsilon",
-    "register",
     "run_task",
+    "run_task_over_http",
+    "task_config",
 ]
 
 MODES = ("none", "local", "central", "distributed", "silo")
@@ -357,175 +355,7 @@ def wait_for_restart(device: FederatedClient, info: RoundInfo) -> None:
             return
 
 
-# --- command line ------------------------------------------------------------------------
-
-
-def comma_list(kind: Any, choices: tuple[str, ...] | None = None) -> Any:
-    def parse(text: str) -> list[Any]:
-        items = [part.strip() for part in text.split(",") if part.strip()]
-        if not items:
-            raise argparse.ArgumentTypeError("expected a comma-separated list")
-        for item in items:
-            if choices is not None and item not in choices:
-                raise argparse.ArgumentTypeError(
-                    f"unknown value {item!r}; choose from {', '.join(choices)}"
-                )
-        try:
-            values = [kind(item) for item in items]
-        except ValueError as error:
-            raise argparse.ArgumentTypeError(str(error)) from None
-        return values
-
-    return parse
-
-
-def epsilon_argument(text: str) -> float:
-    value = float(text)
-    if not value > 0 or math.isnan(value):
-        raise ValueError(f"epsilon {text!r} must be a number > 0 or inf")
-    return value
-
-
-def _clients(text: str) -> int:
-    value = int(float(text))
-    if value < 1:
-        raise ValueError(f"client count {text!r} must be >= 1")
-    return value
-
-
-DESCRIPTION = """\
-Private federated learning: the test accuracy of the global model against the target
-epsilon and the number of clients, for each privacy mode (none: plain FedAvg; local,
-central, distributed: user-level differential privacy; silo: each client a silo running
-DP-SGD over its records, record-level differential privacy).
-
-Datasets (from scikit-learn, nothing downloaded): digits, the 8x8 handwritten digits
-(1,797 images, 10 classes, 20% held out); synthetic, a 4-class task with two training
-examples per client, meant for 100,000 clients. Partitions: iid (equal shuffled shares)
-or label-skew (sorted by label, then cut, so that a client holds one or two classes).
-
-Every round each client takes part with a fixed probability, trains locally from the
-global model, clips and noises its update, and the round is aggregated and its privacy
-cost charged. Runs in this process, or with --over-http through a real aggregator.
-
-With --out DIR: results.csv (one row per run), rounds.csv (accuracy per round),
-results.json and accuracy.png (final accuracy against epsilon).
-"""
-
-
-def register(subparsers: Any) -> None:
-    """Add the ``federated`` subcommand."""
-    parser = subparsers.add_parser(
-        "federated",
-        help="private federated learning: accuracy against epsilon and clients",
-        description=DESCRIPTION,
-        formatter_class=HelpFormatter,
-    )
-    parser.add_argument(
-        "--datasets", type=comma_list(str, DATASETS), default=["digits"],
-        help=f"comma-separated, from {','.join(DATASETS)}",
-    )  # fmt: skip
-    parser.add_argument(
-        "--clients", type=comma_list(_clients), default=[100, 1000],
-        help="numbers of clients, comma-separated",
-    )  # fmt: skip
-    parser.add_argument(
-        "--partition", type=comma_list(str, PARTITIONS), default=["iid"],
-        help=f"comma-separated, from {','.join(PARTITIONS)}",
-    )  # fmt: skip
-    parser.add_argument(
-        "--modes", type=comma_list(str, MODES), default=list(MODES),
-        help=f"privacy modes, comma-separated, from {','.join(MODES)}",
-    )  # fmt: skip
-    parser.add_argument(
-        "--epsilons", type=comma_list(epsilon_argument), default=[1.0, 3.0, 8.0, math.inf],
-        help="target epsilons, comma-separated; inf: clipping without noise",
-    )  # fmt: skip
-    parser.add_argument("--rounds", type=_clients, default=100, help="training rounds per run")
-    parser.add_argument("--delta", type=float, default=1e-5, help="the delta of (epsilon, delta)")
-    parser.add_argument(
-        "--model", choices=["logistic", "mlp"], default="logistic", help="the model trained"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the data and training")
-    parser.add_argument(
-        "--out", type=Path, metavar="DIR", help="directory for the CSV, JSON and plot"
-    )
-    parser.add_argument("--over-http", action="store_true", help="through a real aggregator")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.set_defaults(run=_run, command_parser=parser)
-
-
-def _plan(args: argparse.Namespace) -> list[tuple[str, int, str, str, float]]:
-    plan = []
-    for dataset in args.datasets:
-        for clients in args.clients:
-            for partition in args.partition:
-                for mode in args.modes:
-                    for epsilon in [math.inf] if mode == "none" else args.epsilons:
-                        plan.append((dataset, clients, partition, mode, epsilon))
-    return plan
-
-
-def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    if not 0 < args.delta < 1:
-        parser.error(f"--delta must lie in (0, 1), got {args.delta}")
-    # dp-accounting logs a warning for every RDP order it cannot evaluate (and excludes);
-    # the bound stays valid, and the run's table says what it spent.
-    logging.getLogger("absl").setLevel(logging.ERROR)
-    plan = _plan(args)
-    runs: list[FederatedRun] = []
-    server = None
-    workdir = tempfile.TemporaryDirectory(prefix="ldp-sim-federated-")
-    try:
-        if args.over_http:
-            from simulations.server import start_server
-
-            server = start_server(
-                str(Path(workdir.name) / "aggregator.sqlite3"), Path(workdir.name)
-            )
-        loaded: dict[tuple[str, int, str], Dataset] = {}
-        for dataset, clients, partition, mode, epsilon in tqdm(
-            plan, desc="federated tasks", disable=args.quiet, unit="task"
-        ):
-            key = (dataset, clients, partition)
-            if key not in loaded:
-                loaded[key] = load_dataset(dataset, clients, partition, args.seed)
-            data = loaded[key]
-            try:
-                config = task_config(
-                    data, mode, epsilon, args.rounds, args.delta, args.model, args.seed
-                )
-            except ValueError as error:
-                parser.error(f"{dataset} over {counted(clients, 'client')}, {mode}: {error}")
-            if server is None:
-                runs.append(run_task(data, config, epsilon, args.seed))
-            else:
-                runs.append(
-                    run_task_over_http(data, config, epsilon, args.seed, server.url, server.keys)
-                )
-    finally:
-        if server is not None:
-            server.stop()
-        workdir.cleanup()
-    rows = [run.row() for run in runs]
-    columns = [
-        "dataset", "partition", "clients", "mode", "target_epsilon", "epsilon_spent",
-        "final_accuracy", "best_accuracy", "noise_multiplier", "clients_per_round", "seconds",
-    ]  # fmt: skip
-    print(report.format_table(rows, columns))
-    if args.out is not None:
-        report.write_csv(args.out / "results.csv", rows)
-        per_round = [
-            {**{k: run.row()[k] for k in ("dataset", "partition", "clients", "mode",
-                                          "target_epsilon")}, "round": i + 1, "accuracy": a}
-            for run in runs
-            for i, a in enumerate(run.accuracy)
-        ]  # fmt: skip
-        report.write_csv(args.out / "rounds.csv", per_round)
-        report.write_json(args.out / "results.json", {"runs": rows, "rounds": per_round})
-        plot_accuracy(rows, args.out / "accuracy.png")
-        print(f"wrote {args.out / 'results.csv'}, rounds.csv, results.json and accuracy.png")
-    return 0
+# --- plots ----------------------------------------------------------------------------------
 
 
 def plot_accuracy(rows: list[dict[str, Any]], path: Path) -> None:
@@ -547,27 +377,38 @@ def plot_accuracy(rows: list[dict[str, Any]], path: Path) -> None:
 def plot_accuracy_against_epsilon(
     series: dict[str, list[tuple[float, float]]], references: dict[str, float], path: Path
 ) -> None:
-    """Accuracy against epsilon: one line per ``series`` (``(epsilon, accuracy)`` points,
-    ``inf`` drawn at the right edge) and a dotted horizontal line per ``references``."""
+    """Accuracy against epsilon (log axis): one line per ``series`` over its finite
+    ``(epsilon, accuracy)`` points; a series' point at epsilon ``inf`` (clipping without
+    noise) is a dotted horizontal line in the series' colour, labelled "epsilon inf", and
+    each of ``references`` (non-private runs) a dotted horizontal line of its own colour.
+    No slot of the epsilon axis stands for inf: a baseline is a level, not an epsilon."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    epsilons = {eps for points in series.values() for eps, _ in points}
-    finite = sorted(eps for eps in epsilons if math.isfinite(eps))
-    right = (max(finite) * 2) if finite else 1.0
+    finite = sorted({eps for points in series.values() for eps, _ in points if math.isfinite(eps)})
     figure, axes = plt.subplots(figsize=(7, 4.6))
     for index, label in enumerate(sorted(series) + sorted(references)):
+        style = report.series_style(index)
         if label in references:
-            axes.axhline(references[label], linestyle=":", color=f"C{index % 10}", label=label)
+            axes.axhline(references[label], linestyle=":", color=style["color"], label=label)
             continue
         points = sorted(series[label])
-        xs = [eps if math.isfinite(eps) else right for eps, _ in points]
-        axes.plot(xs, [acc for _, acc in points], label=label, **report.series_style(index))
-    axes.set_xscale("log")
-    axes.set_xticks(finite + [right], [f"{t:g}" for t in finite] + ["inf"])
-    axes.set_xlabel("target epsilon (delta fixed)")
+        drawn = [(eps, acc) for eps, acc in points if math.isfinite(eps)]
+        if drawn:
+            axes.plot(*zip(*drawn, strict=True), label=label, **style)
+        for eps, acc in points:
+            if math.isinf(eps):
+                axes.axhline(
+                    acc, linestyle=":", linewidth=1.4, color=style["color"],
+                    label=f"{label}: epsilon inf (no noise)",
+                )  # fmt: skip
+    if finite:
+        axes.set_xscale("log")
+        axes.set_xticks(finite, [f"{t:g}" for t in finite])
+        axes.minorticks_off()
+    axes.set_xlabel("target epsilon (delta fixed; dotted: without noise)")
     axes.set_ylabel("final test accuracy")
     axes.set_ylim(0, 1)
     axes.grid(True, alpha=0.3)

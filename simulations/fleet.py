@@ -15,140 +15,82 @@ directory, recording for their share of the devices in ``--threads`` threads. A 
 shares one ledger, so its caps are set to fit all of its devices' reports; every
 ``record`` still draws fresh randomness, so the aggregator sees N independent reports.
 
-Reported: the throughput (records per second while recording, reports per second end to
-end including the final flush), and the estimate against the truth: for a categorical
-metric the MSE beside its analytical value ``mean_v Var[f_v]``, the largest error and
-the share of 95% intervals that cover the truth; for a numeric one the error, the std
-and whether the interval covers. ``fleet.png`` draws the estimate with its 95% intervals
-beside the truth (:func:`estimate_figure`).
+A categorical metric is defined with ``labels``, its category names (the first column of
+a ``counts:FILE`` shape, else ``category 0`` .. ``category d-1``), so that the aggregator's
+estimate and the dashboard name each category.
+
+Reported (:func:`run_fleet`): the throughput (records per second while recording, reports
+per second end to end including the final flush), and the estimate against the truth: for
+a categorical metric the MSE beside its analytical value ``mean_v Var[f_v]``, the largest
+error and the share of 95% intervals that cover the truth; for a numeric one the error,
+the std and whether the interval covers. :func:`comparison_rows` sets the estimate beside
+the truth category by category (numeric: the mean), and :func:`estimate_figure` draws
+them with the 95% intervals.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
-from pydantic import ValidationError
 from tqdm import tqdm
 
 from client import BudgetLimits, RetryPolicy, TelemetryClient
 from shared.mechanisms import CategoricalMechanism, NumericMechanism, make_mechanism
 from shared.schemas import (
-    CATEGORICAL_MECHANISMS,
-    MEMOIZED_MECHANISMS,
     NUMERIC_MECHANISMS,
     MechanismSpec,
 )
-from simulations import report
 from simulations.populations import parse_categorical_shape, parse_numeric_shape
-from simulations.server import start_server
-from simulations.text import HelpFormatter, counted
+from simulations.text import counted
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["estimate_figure", "register"]
+__all__ = [
+    "FleetSetup",
+    "comparison_rows",
+    "estimate_figure",
+    "fleet_labels",
+    "fleet_values",
+    "run_fleet",
+]
 
 #: The two-sided 95% normal quantile, as the aggregator's intervals use.
 Z95 = 1.959964
-
-DESCRIPTION = """\
-Simulated devices report through the client SDK to a real aggregator: the check before
-(or beside) a real deployment. Each device records one value drawn from --shape with the
-SDK (spec fetched from the aggregator, privacy budget debited, value perturbed with the
-operating system's secure randomness, uploaded over HTTP), and the aggregator's
-published estimate is compared with the truth.
-
-Without --endpoint it starts 'ldp-aggregator serve' on a free local port with a
-temporary SQLite database and stops it afterwards; with --endpoint it uses that
-aggregator and the keys given.
-
-Devices are simulated by --groups client objects, each with its own state directory,
---threads of them recording at once. Every record draws fresh randomness, so the
-aggregator sees one independent report per device.
-
-Printed: throughput (records per second while recording, reports per second end to end)
-and the error of the estimate against the truth, beside its theory. With --out DIR:
-fleet.csv, fleet.json and fleet.png (the estimate with 95% intervals beside the truth).
-"""
+#: Categories named on the x axis of :func:`estimate_figure` (more: indices only).
+NAMED_TICKS = 32
 
 
-def register(subparsers: Any) -> None:
-    """Add the ``fleet`` subcommand."""
-    parser = subparsers.add_parser(
-        "fleet",
-        help="simulated devices through the SDK against a real aggregator",
-        description=DESCRIPTION,
-        formatter_class=HelpFormatter,
-    )
-    # A group's devices share one state directory, so a memoized mechanism would give the
-    # devices of a group with one value one permanent response: those have their own
-    # command (longitudinal), where every simulated device keeps its own memo.
-    mechanisms = sorted(
-        (CATEGORICAL_MECHANISMS | NUMERIC_MECHANISMS) - MEMOIZED_MECHANISMS - {"auto"}
-    )
-    parser.add_argument("--devices", type=int, default=10_000, help="simulated devices")
-    parser.add_argument(
-        "--mechanism", choices=mechanisms, default="grr", help="the metric's mechanism"
-    )
-    parser.add_argument("--epsilon", type=float, default=1.0, help="the metric's epsilon")
-    parser.add_argument("--domain-size", type=int, default=16, help="categorical metrics")
-    parser.add_argument("--lower", type=float, default=0.0, help="numeric metrics")
-    parser.add_argument("--upper", type=float, default=1.0, help="numeric metrics")
-    parser.add_argument(
-        "--shape", help="categorical: uniform | zipf:S | counts:FILE (default zipf:1.1); "
-        "numeric: uniform | normal:MEAN,SD | exponential:SCALE (default uniform)",
-    )  # fmt: skip
-    parser.add_argument("--groups", type=int, default=100, help="client objects (state dirs)")
-    parser.add_argument("--threads", type=int, default=4, help="groups recording at once")
-    parser.add_argument("--endpoint", help="an existing aggregator (default: start one)")
-    parser.add_argument("--admin-key", help="with --endpoint: defines the metric")
-    parser.add_argument("--device-key", help="with --endpoint: uploads the reports")
-    parser.add_argument("--analyst-key", help="with --endpoint: reads the estimate")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the population")
-    parser.add_argument(
-        "--out", type=Path, metavar="DIR", help="directory for fleet.csv, fleet.json, fleet.png"
-    )
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.set_defaults(run=_run, command_parser=parser)
-
-
-def _spec(args: argparse.Namespace, parser: argparse.ArgumentParser) -> MechanismSpec:
-    fields: dict[str, Any] = {"mechanism": args.mechanism, "epsilon": args.epsilon}
-    if args.mechanism in NUMERIC_MECHANISMS:
-        fields.update(lower=args.lower, upper=args.upper)
+def fleet_values(spec: MechanismSpec, shape: str | None, devices: int, seed: int) -> np.ndarray:
+    """Every device's value, drawn from ``shape`` (categorical default ``zipf:1.1``, numeric
+    ``uniform``) and shuffled by ``seed``; ValueError naming a shape that does not fit."""
+    if spec.mechanism in NUMERIC_MECHANISMS:
+        assert spec.lower is not None and spec.upper is not None
+        population = parse_numeric_shape(shape or "uniform").population(
+            spec.lower, spec.upper, devices
+        )
+        values = np.repeat(population.levels, population.counts)
     else:
-        fields["domain_size"] = args.domain_size
-    try:
-        return MechanismSpec.model_validate(fields)
-    except ValidationError as error:
-        parser.error(f"--mechanism {args.mechanism}: {error.errors()[0]['msg']}")
-
-
-def _population(
-    args: argparse.Namespace, parser: argparse.ArgumentParser, spec: MechanismSpec
-) -> np.ndarray:
-    """Every device's value, shuffled by the seed."""
-    try:
-        if spec.mechanism in NUMERIC_MECHANISMS:
-            shape = parse_numeric_shape(args.shape or "uniform")
-            population = shape.population(args.lower, args.upper, args.devices)
-            values = np.repeat(population.levels, population.counts)
-        else:
-            categorical = parse_categorical_shape(args.shape or "zipf:1.1")
-            counts = categorical.counts(args.domain_size, args.devices)
-            values = np.repeat(np.arange(args.domain_size), counts)
-    except ValueError as error:
-        parser.error(str(error))
-    np.random.default_rng(args.seed).shuffle(values)
+        assert spec.domain_size is not None
+        counts = parse_categorical_shape(shape or "zipf:1.1").counts(spec.domain_size, devices)
+        values = np.repeat(np.arange(spec.domain_size), counts)
+    np.random.default_rng(seed).shuffle(values)
     return values
+
+
+def fleet_labels(spec: MechanismSpec, shape: str | None) -> tuple[str, ...] | None:
+    """The metric's category names (``CategoricalShape.labels``); None for a numeric one."""
+    if spec.mechanism in NUMERIC_MECHANISMS:
+        return None
+    assert spec.domain_size is not None
+    return parse_categorical_shape(shape or "zipf:1.1").labels(spec.domain_size)
 
 
 def _record_group(
@@ -181,6 +123,40 @@ def _record_group(
 def _true_frequencies(values: np.ndarray, domain_size: int) -> np.ndarray:
     """The share of devices holding each category 0..d-1."""
     return np.bincount(values.astype(np.int64), minlength=domain_size) / values.size
+
+
+def comparison_rows(
+    spec: MechanismSpec, values: np.ndarray, estimate: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The published ``estimate`` beside the truth of the simulated ``values``: one row per
+    category (``index``, ``label``), or one row ``mean`` for a numeric metric, with the
+    ``truth``, the ``estimate``, its ``std``, the 95% interval [``ci_low``, ``ci_high``],
+    the ``error`` (estimate - truth) and whether the interval ``covers`` the truth."""
+    if spec.mechanism in NUMERIC_MECHANISMS:
+        items = [{**estimate, "index": "", "label": "mean", "truth": float(np.mean(values))}]
+        key = "mean"
+    else:
+        ordered = sorted(estimate["estimates"], key=lambda row: row["index"])
+        truth = _true_frequencies(values, len(ordered))
+        items = [{**row, "truth": float(truth[row["index"]])} for row in ordered]
+        key = "frequency"
+    rows = []
+    for item in items:
+        error = float(item[key]) - item["truth"]
+        rows.append(
+            {
+                "index": item["index"],
+                "label": item.get("label") or str(item["index"]),
+                "truth": item["truth"],
+                "estimate": float(item[key]),
+                "std": float(item["std"]),
+                "ci_low": float(item["ci_low"]),
+                "ci_high": float(item["ci_high"]),
+                "error": error,
+                "covers": float(item["ci_low"]) <= item["truth"] <= float(item["ci_high"]),
+            }
+        )
+    return rows
 
 
 def _compare(spec: MechanismSpec, values: np.ndarray, estimate: dict[str, Any]) -> dict[str, float]:
@@ -245,7 +221,12 @@ def estimate_figure(spec: MechanismSpec, values: np.ndarray, estimate: dict[str,
             label="estimate, 95% interval",
         )  # fmt: skip
         axes.axhline(0.0, color="grey", linewidth=0.6)
-        axes.set_xlabel("category index")
+        names = [row.get("label") for row in rows]
+        if all(names) and len(rows) <= NAMED_TICKS:
+            axes.set_xticks(index, names, rotation=45, ha="right", fontsize="small")
+            axes.set_xlabel("category")
+        else:
+            axes.set_xlabel("category index")
         axes.set_ylabel("frequency")
     axes.set_title(
         f"{spec.mechanism}, epsilon={spec.epsilon:g}, {counted(int(estimate['n']), 'report')}"
@@ -255,85 +236,70 @@ def estimate_figure(spec: MechanismSpec, values: np.ndarray, estimate: dict[str,
     return figure
 
 
-def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    if args.devices < 1 or args.groups < 1 or args.threads < 1:
-        parser.error("--devices, --groups and --threads must be >= 1")
-    if args.endpoint and not (args.admin_key and args.device_key and args.analyst_key):
-        parser.error("--endpoint needs --admin-key, --device-key and --analyst-key")
-    spec = _spec(args, parser)
-    values = _population(args, parser, spec)
-    metric = f"fleet.{args.mechanism}"
-    with tempfile.TemporaryDirectory(prefix="ldp-fleet-") as tmp:
-        workdir = Path(tmp)
-        server = None
-        if args.endpoint:
-            url = args.endpoint.rstrip("/")
-            keys = {"admin": args.admin_key, "device": args.device_key, "analyst": args.analyst_key}
-        else:
-            server = start_server(str(workdir / "aggregator.sqlite3"), workdir)
-            url, keys = server.url, server.keys
-        try:
-            row, estimate = _drive(args, spec, values, metric, url, keys, workdir)
-        finally:
-            if server is not None:
-                server.stop()
-    columns = [c for c in row if c not in ("metric",)]
-    print(report.format_table([row], columns))
-    if args.out is not None:
-        report.write_csv(args.out / "fleet.csv", [row])
-        report.write_json(args.out / "fleet.json", row)
-        report.save_figure(estimate_figure(spec, values, estimate), args.out / "fleet.png")
-        print(f"wrote {args.out / 'fleet.csv'}, fleet.json and fleet.png")
-    return 0
+@dataclass(frozen=True)
+class FleetSetup:
+    """Where and how the fleet reports: the aggregator's ``url`` and its ``keys`` (``admin``
+    defines the metric, ``device`` uploads, ``analyst`` reads the estimate), ``groups``
+    client objects with their state directories under ``workdir``, ``threads`` of them
+    recording at once."""
+
+    url: str
+    keys: dict[str, str]
+    workdir: Path
+    groups: int
+    threads: int
+    progress: bool = True
 
 
-def _drive(
-    args: argparse.Namespace,
+def run_fleet(
     spec: MechanismSpec,
     values: np.ndarray,
+    labels: tuple[str, ...] | None,
     metric: str,
-    url: str,
-    keys: dict[str, str],
-    workdir: Path,
+    setup: FleetSetup,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Define the metric, run the fleet, fetch the estimate: (the result row, the estimate)."""
-    definition = {
-        "description": f"ldp-sim fleet: {counted(args.devices, 'simulated device')}",
+    """Define ``metric`` (``spec`` and ``labels``), let every device record its value, fetch
+    the estimate: (the result row, the published estimate)."""
+    definition: dict[str, Any] = {
+        "description": f"ldp-sim fleet: {counted(values.size, 'simulated device')}",
         "mechanism": spec.model_dump(mode="json"),
     }
-    with httpx.Client(base_url=url, timeout=60.0) as http:
+    if labels is not None:
+        definition["labels"] = list(labels)
+    with httpx.Client(base_url=setup.url, timeout=60.0) as http:
         defined = http.put(
             f"/v1/metrics/{metric}",
             json=definition,
-            headers={"Authorization": f"Bearer {keys['admin']}"},
+            headers={"Authorization": f"Bearer {setup.keys['admin']}"},
         )
         if defined.status_code not in (200, 201):
             raise RuntimeError(f"defining {metric} failed: {defined.status_code} {defined.text}")
         version = int(defined.json()["version"])
-        groups = np.array_split(values, min(args.groups, values.size))
-        bar = tqdm(total=values.size, desc="devices", disable=args.quiet, unit="device")
+        groups = np.array_split(values, min(setup.groups, values.size))
+        bar = tqdm(total=values.size, desc="devices", disable=not setup.progress, unit="device")
         started = time.perf_counter()
 
         def run(index: int) -> tuple[float, bool]:
             outcome = _record_group(
-                url, keys["device"], workdir / f"group-{index:05d}", metric, groups[index]
-            )
+                setup.url, setup.keys["device"], setup.workdir / f"group-{index:05d}", metric,
+                groups[index],
+            )  # fmt: skip
             bar.update(groups[index].size)
             return outcome
 
-        with ThreadPoolExecutor(max_workers=args.threads) as pool:
+        with ThreadPoolExecutor(max_workers=setup.threads) as pool:
             outcomes = list(pool.map(run, range(len(groups))))
         elapsed = time.perf_counter() - started
         bar.close()
         response = http.get(
             f"/v1/metrics/{metric}/estimate",
             params={"version": version},
-            headers={"Authorization": f"Bearer {keys['analyst']}"},
+            headers={"Authorization": f"Bearer {setup.keys['analyst']}"},
         )
         if response.status_code != 200:
             raise RuntimeError(f"the estimate failed: {response.status_code} {response.text}")
         estimate = response.json()
-    recording = sum(seconds for seconds, _ in outcomes) / min(args.threads, len(groups))
+    recording = sum(seconds for seconds, _ in outcomes) / min(setup.threads, len(groups))
     row = {
         "metric": metric,
         "mechanism": spec.mechanism,

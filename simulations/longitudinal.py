@@ -34,7 +34,14 @@ the one-report law, so each period's estimate is unbiased with that variance: ``
 = sum over periods and outputs of the squared errors / the same sum of variances, 1 in
 expectation. The errors of different periods share the permanent responses and are
 correlated, so the ratio's standard error comes from independent repetitions
-(``--reps``: fresh memos and noise over the same population).
+(``--reps``: fresh memos and noise over the same population), for the whole run
+(``ratio_se``) and per period (``periods.csv``). One repetition's ratio of one period
+is a single draw: for a numeric mechanism one squared error over its variance, about
+chi-square with 1 degree of freedom (mean 1, standard deviation 1.4, above 5 one time
+in 40); and since a device that keeps its value keeps its memoized response, the
+errors of neighbouring periods move together (``onebitmean`` without output
+perturbation, change c: correlation about 1 - c period to period), so one run's ratios
+wander over periods like a random walk without any drift in the mean.
 
 Lifetime epsilon per device. Memoized: ``epsilon`` times the number of distinct memo
 keys (``memo_keys``) the device used in the T periods, what the device ledger charges
@@ -57,15 +64,24 @@ max_v P(y | v) (1 + (k - 1) e^-eps), and P(success) <= (1 / k) sum_y max_v P(y |
 response drawn anew every period, as without device state) composes T reports, and its
 success tends to 1 as T grows: the leak memoization closes. ``adversary_memoized`` and
 ``adversary_stateless`` are the two success rates, ``adversary_bound`` the bound at what
-one unchanging value may reveal (memoized: ``epsilon``; one-shot: T ``epsilon_report``);
-a rate is a leak (``leak_memoized``, ``leak_stateless``) when it exceeds the bound by
-more than ``LEAK_Z`` binomial standard errors, which a mechanism that keeps the bound
-does at most once in 10^6 runs.
+one unchanging value may reveal (memoized: ``epsilon``; one-shot: T ``epsilon_report``).
+
+The bound can be met exactly: ``onebitmean`` without output perturbation sends the
+memoized bit of grid point 0 or s, 1 with probability 1 / (e^eps + 1) or e^eps /
+(e^eps + 1), and the adversary's guess by the sign is right with probability
+e^eps / (e^eps + 1), the bound itself; a run then lands above the bound about half the
+time. So a rate is a leak (``leak_memoized``, ``leak_stateless``) only by a one-sided
+exact binomial test: with N = ``--adversary-devices`` guesses, each right with
+probability at most the bound b, the number right is at most Binomial(N, b), and a leak
+is more than c right, c the least count with P(Binomial(N, b) > c) <= ``LEAK_ALPHA``
+= 10^-6 (``leak_threshold``; ``adversary_threshold`` = c / N). A mechanism that keeps
+the bound is called a leak at most once in 10^6 runs, whatever N and b (the normal
+approximation b + z sqrt(b (1 - b) / N) is not, for small b and N, where the binomial's
+upper tail is heavier than the normal's: 1.6 10^-4 at N = 50, b = 0.05).
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import math
 import time
@@ -75,7 +91,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import ValidationError
+from scipy import stats
 
 from shared.estimates import z_value
 from shared.mechanisms import CategoricalMechanism, Mechanism, NumericMechanism, make_mechanism
@@ -84,18 +100,12 @@ from shared.memo import Memo, SimulatedMemo
 from shared.randomness import Rng
 from shared.schemas import MechanismSpec
 from simulations import report
-from simulations.accuracy_commands import _list_of, _mechanisms, _shape, _users
-from simulations.arguments import checked, count, positive_float, positive_int
 from simulations.execution import run_units
-from simulations.populations import (
-    CategoricalShape,
-    NumericShape,
-    parse_categorical_shape,
-    parse_numeric_shape,
-)
-from simulations.text import HelpFormatter, counted
+from simulations.populations import CategoricalShape, NumericShape
+from simulations.text import counted
 
 __all__ = [
+    "LEAK_ALPHA",
     "LEAK_Z",
     "MEMOIZED",
     "NUMERIC",
@@ -107,10 +117,10 @@ __all__ = [
     "encode",
     "frequency_variances",
     "guess_bound",
+    "leak_threshold",
     "make_specs",
     "plot_longitudinal",
     "reidentified",
-    "register",
     "simulate",
 ]
 
@@ -121,8 +131,10 @@ NUMERIC = frozenset({"onebitmean", "duchi"})
 DEVICE_BLOCK = 1 << 16
 #: The numeric law's bin shares, apportioned exactly to this many (2^-40 resolution).
 LAW_RESOLUTION = 1 << 40
-#: A success rate this many standard errors above the bound is a leak (one-sided 1e-6).
-LEAK_Z = z_value(1 - 2e-6)
+#: The adversary's check calls a mechanism that keeps the bound a leak at most this often.
+LEAK_ALPHA = 1e-6
+#: The normal quantile of the same one-sided level (``leak_threshold`` is the exact test).
+LEAK_Z = z_value(1 - 2 * LEAK_ALPHA)
 #: Generator streams of the run's seed: the population's values and the memos' seeds.
 POPULATION_STREAM, MEMO_STREAM = 1, 2
 
@@ -130,12 +142,12 @@ RESULT_COLUMNS = (
     "mechanism memoized epsilon epsilon_report devices periods change reps mse variance "
     "ratio ratio_se lifetime_mean lifetime_median lifetime_p99 lifetime_max "
     "one_shot_lifetime adversary_memoized adversary_stateless adversary_bound "
-    "leak_memoized leak_stateless seconds"
+    "adversary_threshold leak_memoized leak_stateless seconds"
 ).split()
 TABLE_COLUMNS = (
     "mechanism epsilon epsilon_report ratio ratio_se lifetime_mean lifetime_median "
     "lifetime_p99 lifetime_max one_shot_lifetime adversary_memoized adversary_stateless "
-    "adversary_bound"
+    "adversary_bound adversary_threshold"
 ).split()
 
 
@@ -270,6 +282,22 @@ def guess_bound(epsilon: float, values: int) -> float:
     """e^eps / (e^eps + k - 1): the most often any guess of a value uniform over ``values``
     = k values can be right from one eps-LDP output (module docstring)."""
     return 1.0 / (1.0 + (values - 1) * math.exp(-epsilon))
+
+
+def leak_threshold(bound: float, trials: int, alpha: float = LEAK_ALPHA) -> float:
+    """c / N for the least c with P(Binomial(N, b) > c) <= ``alpha``, N = ``trials``, b =
+    ``bound``: a success rate above it is a leak at false-alarm rate ``alpha`` (module
+    docstring). Exact: scipy's quantile, then moved by whole counts until it is the least."""
+    if trials < 1:
+        raise ValueError(f"the adversary's check needs trials >= 1, got {trials}")
+    if not 0.0 <= bound <= 1.0 or not 0.0 < alpha < 1.0:
+        raise ValueError(f"need a bound in [0, 1] and alpha in (0, 1), got {bound}, {alpha}")
+    cut = int(stats.binom.isf(alpha, trials, bound))
+    while cut < trials and stats.binom.sf(cut, trials, bound) > alpha:
+        cut += 1
+    while cut > 0 and stats.binom.sf(cut - 1, trials, bound) <= alpha:
+        cut -= 1
+    return cut / trials
 
 
 def reidentified(
@@ -570,7 +598,11 @@ def _summarize(
     name = spec.mechanism
     periods = population.periods
     errors = [_period_errors(mech, parts, population.devices) for parts in per_rep]
-    rep_ratios = [float(squares.sum() / variance.sum()) for squares, variance in errors]
+    rep_ratios = np.array([squares.sum() / variance.sum() for squares, variance in errors])
+    # (reps, T): each repetition's ratio per period; the variance is the same in every one.
+    period_ratios = np.array(
+        [squares.sum(axis=1) / variance.sum(axis=1) for squares, variance in errors]
+    )
     mse_by_period = np.mean([squares.mean(axis=1) for squares, _ in errors], axis=0)
     variance_by_period = errors[0][1].mean(axis=1)  # one population for every repetition
     memoized = isinstance(mech, MemoizedMechanism)
@@ -585,7 +617,7 @@ def _summarize(
         mech.epsilon_lifetime if isinstance(mech, MemoizedMechanism) else periods * spec.epsilon
     )
     bound = guess_bound(unchanged, 2 if name in NUMERIC else population.domain_size)
-    margin = LEAK_Z * math.sqrt(bound * (1 - bound) / max(adversary_devices, 1))
+    threshold = leak_threshold(bound, adversary_devices) if adversary_devices else math.nan
     memo_rate, stateless_rate = adversary if adversary is not None else (math.nan, math.nan)
     reps = len(per_rep)
     run.rows.append(
@@ -601,16 +633,15 @@ def _summarize(
             "mse": float(mse_by_period.mean()),
             "variance": float(variance_by_period.mean()),
             "ratio": float(np.mean(rep_ratios)),
-            "ratio_se": float(np.std(rep_ratios, ddof=1) / math.sqrt(reps))
-            if reps > 1
-            else math.nan,
+            "ratio_se": float(_standard_error(rep_ratios[:, None])[0]),
             **lifetime,
             "one_shot_lifetime": periods * epsilon_report,
             "adversary_memoized": memo_rate,
             "adversary_stateless": stateless_rate,
             "adversary_bound": bound,
-            "leak_memoized": bool(memo_rate > bound + margin),
-            "leak_stateless": bool(stateless_rate > bound + margin),
+            "adversary_threshold": threshold,
+            "leak_memoized": bool(memo_rate > threshold),
+            "leak_stateless": bool(stateless_rate > threshold),
             "seconds": sum(part.seconds for parts in per_rep for part in parts),
         }
     )
@@ -620,17 +651,30 @@ def _summarize(
             "period": period,
             "mse": float(mse_by_period[period]),
             "variance": float(variance_by_period[period]),
-            "ratio": float(mse_by_period[period] / variance_by_period[period]),
+            "ratio": float(ratio),
+            "ratio_se": float(se),
         }
-        for period in range(periods)
+        for period, (ratio, se) in enumerate(
+            zip(period_ratios.mean(axis=0), _standard_error(period_ratios), strict=True)
+        )
     ]
+
+
+def _standard_error(samples: np.ndarray) -> np.ndarray:
+    """The standard error of the mean of each column of (reps, m) ``samples`` over the
+    independent repetitions (NaN for one repetition)."""
+    reps = samples.shape[0]
+    if reps < 2:
+        return np.full(samples.shape[1], math.nan)
+    return np.std(samples, axis=0, ddof=1) / math.sqrt(reps)
 
 
 # --- plot ----------------------------------------------------------------------------------
 
 
 def plot_longitudinal(run: LongitudinalRun, path: Path) -> None:
-    """Left: MSE / analytical variance per period and mechanism, the 0.9-1.1 band shaded.
+    """Left: MSE / analytical variance per period and mechanism, with two standard errors
+    over the repetitions (none for one), the 0.9-1.1 band shaded.
     Right: lifetime epsilon over devices per mechanism (range, median, mean, p99) beside
     what one-shot reporting at the same per-report epsilon spends."""
     import matplotlib
@@ -642,14 +686,15 @@ def plot_longitudinal(run: LongitudinalRun, path: Path) -> None:
     names = [row["mechanism"] for row in run.rows]
     for index, name in enumerate(names):
         mine = [r for r in run.periods if r["mechanism"] == name]
-        left.plot(
-            [r["period"] for r in mine], [r["ratio"] for r in mine], label=name,
+        left.errorbar(
+            [r["period"] for r in mine], [r["ratio"] for r in mine],
+            yerr=[2 * r["ratio_se"] for r in mine], capsize=2, label=name,
             **report.series_style(index),
         )  # fmt: skip
     left.axhspan(0.9, 1.1, color="0.85", zorder=0, label="0.9-1.1")
     left.axhline(1.0, color="0.4", linewidth=0.8, linestyle=report.THEORY_STYLE)
     left.set_xlabel("period")
-    left.set_ylabel("MSE / analytical variance")
+    left.set_ylabel("MSE / analytical variance (bars: 2 SE)")
     left.set_title("accuracy per period")
     left.grid(True, alpha=0.3)
     left.legend(fontsize="x-small", ncol=2)
@@ -678,151 +723,3 @@ def plot_longitudinal(run: LongitudinalRun, path: Path) -> None:
     right.grid(True, which="both", alpha=0.3)
     right.legend(fontsize="x-small")
     report.save_figure(figure, path)
-
-
-# --- command line --------------------------------------------------------------------------
-
-DESCRIPTION = """\
-Repeated collection: T periods of a population whose values drift (each period a
-device draws a new value with probability --change), reported by every memoized
-mechanism (lgrr, lsue, loue, losue, dbitflip, onebitmean: epsilon per distinct value,
-epsilon_report per report) and by the one-shot ones for reference (grr, sue, oue,
-duchi at epsilon_report per report).
-
-For each mechanism: the MSE of the per-period estimates over their analytical
-variance (1 in expectation; --reps repetitions give its standard error), the lifetime
-epsilon per device (memoized: epsilon per distinct value the device reported; one-shot:
-T x epsilon_report) as mean, median, 99th percentile and maximum over devices, and an
-adversary's check: devices that keep one value, whose T reports the adversary averages
-to guess it, memoized and stateless (the permanent response drawn anew each period),
-against the most any guess can achieve within the lifetime epsilon of one value.
-
-Work runs in this process, on a local Dask cluster (--workers N) or on an existing one
-(--scheduler ADDRESS); the seed fixes the results whatever runs them. With --out DIR:
-results.csv (one row per mechanism), periods.csv (accuracy per period), lifetime.csv
-(the lifetime epsilon's distribution over devices), results.json and longitudinal.png.
-"""
-
-
-def _probability(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"{text!r} is not a probability in [0, 1]")
-    return value
-
-
-def register(subparsers: Any) -> None:
-    """Add the ``longitudinal`` subcommand."""
-    parser = subparsers.add_parser(
-        "longitudinal",
-        help="repeated collection: memoized mechanisms against one-shot reporting",
-        description=DESCRIPTION,
-        formatter_class=HelpFormatter,
-    )
-    names = list(MEMOIZED + ONE_SHOT)
-    parser.add_argument(
-        "--mechanisms", type=_list_of(_mechanisms(set(names)), "mechanisms"),
-        help=f"comma-separated, memoized {','.join(MEMOIZED)} and one-shot "
-        f"{','.join(ONE_SHOT)} (default: all)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--epsilon", type=checked(positive_float), default=2.0,
-        help="memoized: the lifetime bound per distinct value",
-    )  # fmt: skip
-    parser.add_argument(
-        "--epsilon-report", type=checked(positive_float), default=1.0,
-        help="what one report reveals (lgrr, lsue, loue, losue; one-shot mechanisms)",
-    )  # fmt: skip
-    parser.add_argument("--devices", type=checked(_users), default=100_000, help="devices n")
-    parser.add_argument("--periods", type=checked(positive_int), default=30, help="periods T")
-    parser.add_argument(
-        "--change", type=checked(_probability), default=0.1,
-        help="probability that a device draws a new value each period",
-    )  # fmt: skip
-    parser.add_argument(
-        "--domain-size", type=checked(positive_int), default=16, help="categories d"
-    )
-    parser.add_argument(
-        "--shape", type=_shape(parse_categorical_shape), default="zipf:1.1",
-        help="law of a categorical draw: uniform | zipf:S | counts:FILE",
-    )  # fmt: skip
-    parser.add_argument(
-        "--numeric-shape", type=_shape(parse_numeric_shape), default="uniform",
-        help="law of a numeric draw: uniform | normal:MEAN,SD | exponential:SCALE",
-    )  # fmt: skip
-    parser.add_argument("--lower", type=float, default=0.0, help="numeric: lowest value")
-    parser.add_argument("--upper", type=float, default=1.0, help="numeric: highest value")
-    parser.add_argument(
-        "--bits-per-device", type=checked(positive_int), default=1,
-        help="dbitflip: buckets each device samples",
-    )  # fmt: skip
-    parser.add_argument(
-        "--flip-probability", type=checked(_probability), default=0.0,
-        help="onebitmean: output perturbation (below 0.5)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--adversary-devices", type=checked(count), default=1000,
-        help="devices in the adversary's check (0: skip it)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--reps", type=checked(positive_int), default=1, help="repetitions (fresh memos)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of every random draw")
-    parser.add_argument(
-        "--out", type=Path, metavar="DIR", help="directory for the CSV, JSON and plot"
-    )
-    parser.add_argument(
-        "--workers", type=checked(positive_int), default=1,
-        help="local Dask workers (1: in-process)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--scheduler", help="address of an existing Dask scheduler, tcp://HOST:PORT"
-    )
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.set_defaults(run=_run, command_parser=parser)
-
-
-def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    try:
-        population = Population(
-            args.devices, args.periods, args.change, args.domain_size, args.shape,
-            args.numeric_shape, args.lower, args.upper, args.seed,
-        )  # fmt: skip
-        population.law(numeric=False)
-        population.law(numeric=True)
-    except ValueError as error:
-        parser.error(str(error))
-    specs = []
-    for name in args.mechanisms or MEMOIZED + ONE_SHOT:
-        try:
-            (spec,) = make_specs(
-                [name], args.epsilon, args.epsilon_report, population, args.bits_per_device,
-                args.flip_probability,
-            )  # fmt: skip
-            make_mechanism(spec)
-        except ValidationError as error:
-            first = error.errors()[0]
-            field = ".".join(str(part) for part in first["loc"])
-            parser.error(f"{name}: {field + ': ' if field else ''}{first['msg']}")
-        except KeyError:
-            parser.error(f"{name}: this installation's mechanism library does not have it")
-        specs.append(spec)
-    run = simulate(
-        population, specs, reps=args.reps, adversary_devices=args.adversary_devices,
-        workers=args.workers, scheduler=args.scheduler, progress=not args.quiet,
-    )  # fmt: skip
-    print(report.format_table(run.rows, TABLE_COLUMNS))
-    if args.out is not None:
-        report.write_csv(args.out / "results.csv", run.rows)
-        report.write_csv(args.out / "periods.csv", run.periods)
-        report.write_csv(args.out / "lifetime.csv", run.lifetime)
-        report.write_json(
-            args.out / "results.json",
-            {"mechanisms": run.rows, "periods": run.periods, "lifetime": run.lifetime},
-        )
-        plot_longitudinal(run, args.out / "longitudinal.png")
-        print(
-            f"wrote {args.out / 'results.csv'}, periods.csv, lifetime.csv, results.json and "
-            "longitudinal.png"
-        )
-    return 0

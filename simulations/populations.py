@@ -57,6 +57,7 @@ class CategoricalShape:
     text: str
     exponent: float | None = None  # zipf
     file_counts: tuple[int, ...] | None = None  # counts:FILE
+    file_labels: tuple[str, ...] | None = None  # counts:FILE with a name before each count
 
     def shares(self, d: int) -> np.ndarray:
         """The share of each of ``d`` categories (most popular first for zipf)."""
@@ -75,6 +76,13 @@ class CategoricalShape:
         """How many of ``n`` users hold each of the ``d`` categories."""
         return apportion(self.shares(d), n)
 
+    def labels(self, d: int) -> tuple[str, ...]:
+        """The names of the ``d`` categories: a counts file's first column where it has
+        one (and d rows), else ``category 0`` .. ``category d-1``."""
+        if self.file_labels is not None and len(self.file_labels) == d:
+            return self.file_labels
+        return tuple(f"category {index}" for index in range(d))
+
 
 def parse_categorical_shape(text: str) -> CategoricalShape:
     """``uniform``, ``zipf:S`` (S > 0) or ``counts:FILE``; ValueError saying what is wrong."""
@@ -90,14 +98,18 @@ def parse_categorical_shape(text: str) -> CategoricalShape:
             raise ValueError(f"shape {text!r}: the zipf exponent must be a number > 0")
         return CategoricalShape(text, exponent=exponent)
     if kind == "counts" and argument:
-        return CategoricalShape(text, file_counts=_read_counts(Path(argument)))
+        counts, labels = _read_counts(Path(argument))
+        return CategoricalShape(text, file_counts=counts, file_labels=labels)
     raise ValueError(f"unknown shape {text!r}: use uniform, zipf:S or counts:FILE")
 
 
-def _read_counts(path: Path) -> tuple[int, ...]:
+def _read_counts(path: Path) -> tuple[tuple[int, ...], tuple[str, ...] | None]:
+    """The counts of a CSV file (the last column of each row), and the names in its first
+    column when every row has one and they are distinct (else None)."""
     if not path.is_file():
         raise ValueError(f"counts file {str(path)!r} does not exist")
     counts: list[int] = []
+    names: list[str] = []
     with path.open(newline="") as handle:
         for number, row in enumerate(csv.reader(handle), start=1):
             if not row or not "".join(row).strip():
@@ -112,9 +124,11 @@ def _read_counts(path: Path) -> tuple[int, ...]:
             if count < 0:
                 raise ValueError(f"{path}:{number}: counts must be >= 0, got {count}")
             counts.append(count)
+            names.append(row[0].strip() if len(row) > 1 else "")
     if len(counts) < 2 or sum(counts) == 0:
         raise ValueError(f"{path}: needs at least two categories and a positive total")
-    return tuple(counts)
+    named = all(names) and len(set(names)) == len(names)
+    return tuple(counts), tuple(names) if named else None
 
 
 @dataclass(frozen=True)

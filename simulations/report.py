@@ -2,9 +2,9 @@
 
 Rows are plain dicts with the same keys (one per cell, see
 :func:`simulations.accuracy.summarize`). Plots draw the measured error against
-epsilon, one line per mechanism (its own colour, marker and line style) and its theory
-dashed in the same colour, one figure per combination of the other grid axes (domain
-size, n, shape).
+epsilon, one line per mechanism (its own colour, marker, marker size and line style) and
+its theory as a thin black dashed line (one legend entry, "theory"), one figure per
+combination of the other grid axes (domain size, n, shape).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ __all__ = [
     "plot_error_against_epsilon",
     "save_figure",
     "series_style",
+    "theory_style",
     "write_csv",
     "write_json",
 ]
@@ -76,14 +77,19 @@ def write_json(path: Path, data: Any) -> None:
 
 
 #: Measured lines: mechanism i gets colour Ci, MARKERS[i] (open, so that points drawn over
-#: each other stay visible) and LINE_STYLES[i], so that mechanisms with equal errors (auto
-#: picks oue or olh, whose variances match) remain distinguishable where their lines
-#: coincide. The theory is always thin and dashed, a style no measured line uses.
+#: each other stay visible), MARKER_SIZES[i] (so that open markers at one point nest
+#: inside each other rather than cover each other) and LINE_STYLES[i], all slightly
+#: transparent, so that mechanisms with equal errors (auto picks oue or olh, whose
+#: variances match) remain distinguishable where their lines coincide. The theory is
+#: always thin, black and dashed, a style no measured line uses.
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")
 LINE_STYLES: tuple[str | tuple[int, tuple[int, ...]], ...] = (
     "-", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)), (0, (8, 2)),
 )  # fmt: skip
+MARKER_SIZES = (9.0, 7.0, 5.0)
 THEORY_STYLE = "--"
+#: The label of the theory lines in a legend (given to one of them only).
+THEORY_LABEL = "theory (analytical)"
 
 
 def series_style(index: int) -> dict[str, Any]:
@@ -95,13 +101,30 @@ def series_style(index: int) -> dict[str, Any]:
     return {
         "color": f"C{index % 10}",
         "marker": MARKERS[index % len(MARKERS)],
+        "markersize": MARKER_SIZES[index % len(MARKER_SIZES)],
         "linestyle": LINE_STYLES[index % len(LINE_STYLES)],
         "markerfacecolor": "none",
+        "alpha": 0.85,
+    }
+
+
+def theory_style(labelled: bool) -> dict[str, Any]:
+    """Matplotlib keywords of a theory line: thin, black, dashed, drawn under the measured
+    lines; give one of them ``labelled`` (the last drawn, so that it ends the legend) and
+    the legend has one entry for them all."""
+    return {
+        "color": "black",
+        "linestyle": THEORY_STYLE,
+        "linewidth": 1.0,
+        "alpha": 0.6,
+        "zorder": 1.5,
+        "label": THEORY_LABEL if labelled else "_theory",
     }
 
 
 def error_figure(rows: Sequence[dict[str, Any]], title: str) -> Figure:
-    """MSE against epsilon for the mechanisms in ``rows``, each with its theory dashed."""
+    """MSE against epsilon for the mechanisms in ``rows``, each with its theory (black,
+    dashed, one legend entry)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -114,12 +137,9 @@ def error_figure(rows: Sequence[dict[str, Any]], title: str) -> Figure:
         eps = [r["epsilon"] for r in mine]
         style = series_style(index)
         axes.plot(eps, [r["mse"] for r in mine], label=mechanism, **style)
-        axes.plot(
-            eps, [r["variance"] for r in mine], THEORY_STYLE, color=style["color"],
-            linewidth=1.0, alpha=0.7,
-        )  # fmt: skip
+        axes.plot(eps, [r["variance"] for r in mine], **theory_style(index == len(mechanisms) - 1))
     axes.set_xlabel("epsilon")
-    axes.set_ylabel("mean squared error (dashed: theory)")
+    axes.set_ylabel("mean squared error")
     axes.set_yscale("log")
     axes.set_title(title)
     axes.grid(True, which="both", alpha=0.3)

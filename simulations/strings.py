@@ -64,7 +64,6 @@ others the k largest estimates among the candidates, the true top-C (``--candida
 
 from __future__ import annotations
 
-import argparse
 import functools
 import hashlib
 import json
@@ -77,18 +76,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import ValidationError
 
 from shared.mechanisms import make_mechanism
 from shared.mechanisms.rappor import Rappor
 from shared.memo import SimulatedMemo
 from shared.schemas import MAX_STRING_BYTES, MechanismSpec
 from simulations import report
-from simulations.accuracy_commands import _list_of, _mechanisms, _shape, _users
-from simulations.arguments import checked, count, positive_float
 from simulations.execution import run_units
-from simulations.populations import CategoricalShape, apportion, parse_categorical_shape
-from simulations.text import HelpFormatter, counted
+from simulations.populations import CategoricalShape, apportion
+from simulations.text import counted
 
 __all__ = [
     "DISCOVERY",
@@ -103,7 +99,6 @@ __all__ = [
     "plot_strings",
     "pronounceable_words",
     "read_strings",
-    "register",
     "simulate",
     "top_k_measures",
 ]
@@ -634,7 +629,7 @@ def _summarize(
 
 def plot_strings(run: StringsRun, path: Path) -> None:
     """Recall, precision and TV of the top-k, and the candidates' MSE beside the stated
-    variance (dashed), against epsilon, one line per mechanism."""
+    variance (black dashed), against epsilon, one line per mechanism."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -645,7 +640,7 @@ def plot_strings(run: StringsRun, path: Path) -> None:
         ("recall", "recall of the true top-k", "share"),
         ("precision", "precision of the strings reported", "share"),
         ("tv", "TV distance of the top-k frequencies", "linear"),
-        ("mse", "candidates' MSE (dashed: stated variance)", "log"),
+        ("mse", "candidates' MSE (black dashed: stated variance)", "log"),
     )
     names = list(dict.fromkeys(row["mechanism"] for row in run.rows))
     for axis, (column, title, scale) in zip(axes.flat, panels, strict=True):
@@ -658,9 +653,10 @@ def plot_strings(run: StringsRun, path: Path) -> None:
             axis.plot(epsilons, [r[column] for r in mine], label=name, **style)
             if column == "mse":
                 axis.plot(
-                    epsilons, [r["variance"] for r in mine], report.THEORY_STYLE,
-                    color=style["color"], linewidth=1.0, alpha=0.7,
-                )  # fmt: skip
+                    epsilons,
+                    [r["variance"] for r in mine],
+                    **report.theory_style(index == len(names) - 1),
+                )
         axis.set_xlabel("epsilon")
         axis.set_title(title)
         if scale == "log":
@@ -671,199 +667,10 @@ def plot_strings(run: StringsRun, path: Path) -> None:
             axis.set_ylim(bottom=0.0)
         axis.grid(True, which="both", alpha=0.3)
     axes.flat[0].legend(fontsize="small")
+    axes.flat[3].legend(fontsize="small")
     first = run.rows[0]
     figure.suptitle(
         f"{counted(first['users'], 'user')}, {counted(first['vocabulary'], 'string')} "
         f"({first['shape']}), top-{first['top_k']}, {counted(first['candidates'], 'candidate')}"
     )
     report.save_figure(figure, path)
-
-
-# --- command line --------------------------------------------------------------------------
-
-DESCRIPTION = """\
-Open-domain strings: a population of users holding strings of a vocabulary (the bundled
-list of generated words, or a file of your own) with a Zipf law, reported by the sketch
-mechanisms (cms, hcms), the discovery mechanisms (pem, sfp: heavy hitters found without
-candidates) and RAPPOR (candidates only), at each epsilon.
-
-For each mechanism and epsilon: the precision and recall of the strings reported against
-the true top-k (discovery: heavy_hitters(k); the others: the k largest estimates among the
-true top --candidates strings), the total variation distance between the reported and the
-true top-k frequencies, the mean squared error of the candidates' estimates beside the
-variance the mechanism states (ratio 1 when it is right), and time (encode, aggregate,
-estimate, discover) and memory (report, statistics, peak while encoding 4,096 users).
-
-The exact path encodes every user; --path fast draws the statistics from their law where a
-mechanism can. Work runs in this process, on a local Dask cluster (--workers N) or on an
-existing one (--scheduler ADDRESS); the seed fixes the results whatever runs them. With
---out DIR: results.csv (one row per mechanism and epsilon), found.csv (the strings each
-reported), candidates.csv (every candidate's estimate), results.json and strings.png.
-"""
-
-
-def register(subparsers: Any) -> None:
-    """Add the ``strings`` subcommand."""
-    parser = subparsers.add_parser(
-        "strings",
-        help="open-domain strings: heavy hitters and candidate estimates",
-        description=DESCRIPTION,
-        formatter_class=HelpFormatter,
-    )
-    parser.add_argument(
-        "--mechanisms", type=_list_of(_mechanisms(set(MECHANISMS)), "mechanisms"),
-        default=list(MECHANISMS), help="comma-separated, from " + ",".join(MECHANISMS),
-    )  # fmt: skip
-    parser.add_argument(
-        "--epsilons", type=_list_of(positive_float, "epsilons"), default=[1.0, 2.0, 4.0],
-        help="privacy budgets of one report, comma-separated",
-    )  # fmt: skip
-    parser.add_argument("--users", type=checked(_users), default=200_000, help="users n, e.g. 1e6")
-    parser.add_argument(
-        "--strings", default="words", metavar="words|FILE",
-        help="the vocabulary: the bundled generated words, or a UTF-8 file, one per line",
-    )  # fmt: skip
-    parser.add_argument(
-        "--vocabulary-size", type=checked(_positive_count), metavar="V",
-        help="use the first V strings (default: all)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--shape", type=_shape(parse_categorical_shape), default="zipf:1.1",
-        help="shares of the strings in order: zipf:S | uniform | counts:FILE",
-    )  # fmt: skip
-    parser.add_argument(
-        "--top-k", type=checked(_positive_count), default=10, metavar="K",
-        help="heavy hitters sought",
-    )  # fmt: skip
-    parser.add_argument(
-        "--candidates", type=checked(_positive_count), default=100, metavar="C",
-        help="the true top-C strings are the candidates",
-    )  # fmt: skip
-    defaults = Settings()
-    parser.add_argument(
-        "--sketch-width", type=checked(_positive_count), default=defaults.sketch_width,
-        metavar="M", help="cms, hcms, sfp: columns of the sketch (hcms: a power of two)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--sketch-depth", type=checked(_positive_count), default=defaults.sketch_depth,
-        metavar="K", help="cms, hcms, sfp: hash functions, the rows of the sketch",
-    )  # fmt: skip
-    parser.add_argument(
-        "--max-length", type=checked(_positive_count), metavar="BYTES",
-        help="pem, sfp: longest string in UTF-8 bytes (default: the longest held)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--rappor-bits", type=checked(_positive_count), default=defaults.rappor_bits,
-        help="rappor: Bloom filter bits",
-    )  # fmt: skip
-    parser.add_argument(
-        "--rappor-hashes", type=checked(_positive_count), default=defaults.rappor_hashes,
-        help="rappor: hash functions",
-    )  # fmt: skip
-    parser.add_argument(
-        "--rappor-cohorts", type=checked(_positive_count), default=defaults.rappor_cohorts,
-        help="rappor: cohorts",
-    )  # fmt: skip
-    parser.add_argument(
-        "--path", choices=["exact", "fast"], default="exact",
-        help="exact: every user encoded; fast: statistics drawn from their law where possible",
-    )  # fmt: skip
-    parser.add_argument(
-        "--reps", type=checked(_positive_count), default=1, help="repetitions (fresh noise)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of every random draw")
-    parser.add_argument(
-        "--out", type=Path, metavar="DIR", help="directory for the CSV, JSON and plot"
-    )
-    parser.add_argument(
-        "--workers", type=checked(_positive_count), default=1,
-        help="local Dask workers (1: in-process)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--scheduler", help="address of an existing Dask scheduler, tcp://HOST:PORT"
-    )
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.set_defaults(run=_run, command_parser=parser)
-
-
-def _positive_count(text: str) -> int:
-    value = count(text)
-    if value < 1:
-        raise ValueError(f"{text!r} is not an integer >= 1")
-    return value
-
-
-def _population(args: argparse.Namespace, parser: argparse.ArgumentParser) -> StringPopulation:
-    try:
-        strings = vocabulary(args.strings)
-    except ValueError as error:
-        parser.error(f"--strings: {error}")
-    size = args.vocabulary_size or len(strings)
-    if size > len(strings) or size < 2:
-        parser.error(
-            f"--vocabulary-size {size}: the strings give {len(strings)}, and at least 2 are needed"
-        )
-    counted_strings = args.shape.file_counts
-    if counted_strings is not None and len(counted_strings) != size:
-        parser.error(
-            f"--shape {args.shape.text}: {len(counted_strings)} counts for {size} strings; "
-            f"give --vocabulary-size {len(counted_strings)}"
-        )
-    if not args.top_k <= args.candidates <= size:
-        parser.error(
-            f"need --top-k ({args.top_k}) <= --candidates ({args.candidates}) <= the "
-            f"vocabulary size ({size})"
-        )
-    try:
-        return StringPopulation(strings[:size], args.shape, args.users, args.seed)
-    except ValueError as error:
-        parser.error(str(error))
-
-
-def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    population = _population(args, parser)
-    longest = population.max_bytes
-    if args.max_length is not None and args.max_length < longest:
-        parser.error(
-            f"--max-length {args.max_length}: a string held has {longest} UTF-8 bytes; "
-            "raise it or leave it out"
-        )
-    settings = Settings(
-        args.sketch_width, args.sketch_depth, args.max_length or longest, args.rappor_bits,
-        args.rappor_hashes, args.rappor_cohorts,
-    )  # fmt: skip
-    specs = []
-    for name in args.mechanisms:
-        for epsilon in args.epsilons:
-            try:
-                spec = make_spec(name, epsilon, settings)
-                mechanism_for(spec)
-            except ValidationError as error:
-                first = error.errors()[0]
-                where = ".".join(str(part) for part in first["loc"])
-                parser.error(
-                    f"{name} at epsilon={epsilon:g}: {where + ': ' if where else ''}{first['msg']}"
-                )
-            except ValueError as error:
-                parser.error(f"{name}: {error}")
-            specs.append(spec)
-    run = simulate(
-        population, specs, top_k=args.top_k, candidates=args.candidates, reps=args.reps,
-        path=args.path, workers=args.workers, scheduler=args.scheduler,
-        progress=not args.quiet,
-    )  # fmt: skip
-    print(report.format_table(run.rows, TABLE_COLUMNS))
-    if args.out is not None:
-        report.write_csv(args.out / "results.csv", run.rows)
-        report.write_csv(args.out / "found.csv", run.found)
-        report.write_csv(args.out / "candidates.csv", run.candidates)
-        report.write_json(
-            args.out / "results.json",
-            {"results": run.rows, "found": run.found, "candidates": run.candidates},
-        )
-        plot_strings(run, args.out / "strings.png")
-        print(
-            f"wrote {args.out / 'results.csv'}, found.csv, candidates.csv, results.json and "
-            "strings.png"
-        )
-    return 0

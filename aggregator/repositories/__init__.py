@@ -9,6 +9,6 @@
 
 ``database`` holds the engine, the schema's creation and upgrades, and the read and
 write transactions every repository runs in; ``schema`` the tables. A repository is
-built over a ``Database`` and tested alone; ``aggregator.storage.Storage`` is all of
-them over one database, one per process.
+built over a ``Database`` and tested alone; ``aggregator.storage.Repositories`` holds
+the four of them over one database, one set per process.
 """

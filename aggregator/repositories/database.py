@@ -36,7 +36,10 @@ locks. Options given in the URL's query win over these.
 
 A SQLite file is checked before it is opened (``aggregator/repositories/marker.py``): a
 missing, empty or table-less file where a database was created before is refused with
-``MissingDatabaseError``, never started afresh.
+``MissingDatabaseError``, never started afresh. Tools that only make sense against a
+database the service already uses (``ldp-aggregator create-key``, ``compact``) open it with
+``create=False``: where no aggregator database exists yet they get
+``DatabaseNotFoundError`` instead of a new, empty one.
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "SERVER_LIMIT_FACTOR",
     "Database",
+    "DatabaseNotFoundError",
     "MissingDatabaseError",
     "Repository",
     "SchemaMismatchError",
@@ -104,11 +108,15 @@ class MissingDatabaseError(SchemaMismatchError):
     or without its tables (``aggregator/repositories/marker.py``)."""
 
 
+class DatabaseNotFoundError(LookupError):
+    """No aggregator database exists at the URL, and the caller asked not to create one."""
+
+
 def create_storage_engine(url: str, timeout: float = DEFAULT_TIMEOUT) -> Engine:
     """An engine for ``url``: a file path or ``sqlite:///...`` (WAL), or ``postgresql+psycopg://``.
 
-    A bare path means SQLite; its directory is created on first start. PostgreSQL
-    connections get the time limits of ``postgresql_connect_args(url, timeout)``.
+    A bare path means SQLite (``Database`` creates its directory on a first start).
+    PostgreSQL connections get the time limits of ``postgresql_connect_args(url, timeout)``.
     """
     if not timeout > 0:
         raise ValueError(f"the database timeout must be positive, got {timeout!r}")
@@ -117,7 +125,6 @@ def create_storage_engine(url: str, timeout: float = DEFAULT_TIMEOUT) -> Engine:
         database = parsed.database or ""
         if database in ("", ":memory:"):
             raise ValueError("the aggregator needs a SQLite file, not an in-memory database")
-        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(parsed, connect_args={"timeout": 30.0, "check_same_thread": False})
         _configure_sqlite(engine)
         return engine
@@ -135,10 +142,8 @@ def create_storage_engine(url: str, timeout: float = DEFAULT_TIMEOUT) -> Engine:
 
 
 def _sqlite_url(path: str) -> URL:
-    """The ``sqlite:///`` URL of a file path (its directory is created)."""
-    file = Path(path).expanduser()
-    file.parent.mkdir(parents=True, exist_ok=True)
-    return make_url(f"sqlite:///{file}")
+    """The ``sqlite:///`` URL of a file path."""
+    return make_url(f"sqlite:///{Path(path).expanduser()}")
 
 
 def postgresql_connect_args(url: URL, timeout: float) -> dict[str, Any]:
@@ -229,6 +234,12 @@ def _watch_round_trips(engine: Engine, watchdog: Watchdog) -> None:
             watchdog.disarm(cursor.connection)
 
 
+def _never_created(file: Path) -> bool:
+    """Whether no aggregator database was ever at ``file`` (neither the file nor its marker:
+    a marker without its file is ``MissingDatabaseError``'s to explain)."""
+    return not file.exists() and not marker.marker_of(file).exists()
+
+
 class _WritersLock:
     """An exclusive ``flock`` on a file, held while a transaction writes (on Windows,
     which has no ``flock``, SQLite's own locking alone serializes the writers)."""
@@ -256,14 +267,22 @@ class Database:
 
     ``timeout``: the longest, in seconds, the service waits for the database at a time
     (see the module's docstring); a ``StorageUnavailableError`` says when to retry by it.
+    ``create``: whether a database without the aggregator's tables (a new SQLite file, an
+    empty PostgreSQL database) gets them; if not, it is refused with
+    ``DatabaseNotFoundError`` and left as it was.
     """
 
-    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT, create: bool = True) -> None:
         self.engine = create_storage_engine(url, timeout)
         self.timeout = timeout
         self.dialect = self.engine.dialect.name
         sqlite_file = self.dialect == "sqlite"
         self._file = Path(str(self.engine.url.database)).expanduser() if sqlite_file else None
+        if not create and self._file is not None and _never_created(self._file):
+            self.engine.dispose()  # before anything is written beside the file
+            raise DatabaseNotFoundError("the file does not exist")
+        if self._file is not None:
+            self._file.parent.mkdir(parents=True, exist_ok=True)
         self._write_lock = threading.Lock() if sqlite_file else None
         self._writers_lock = (
             _WritersLock(Path(str(self.engine.url.database) + "-writers.lock"))
@@ -271,6 +290,7 @@ class Database:
             else None
         )
         self._writer: Connection | None = None
+        self._create = create
         self._watchdog = Watchdog(timeout) if self.dialect == "postgresql" else None
         if self._watchdog is not None:
             _watch_round_trips(self.engine, self._watchdog)
@@ -285,8 +305,8 @@ class Database:
             raise
 
     def _initialize(self) -> None:
-        """Create the tables, or upgrade them to ``SCHEMA_VERSION``; refuse a later version,
-        and a SQLite file that lost its database."""
+        """Create the tables (unless told not to), or upgrade them to ``SCHEMA_VERSION``;
+        refuse a later version, and a SQLite file that lost its database."""
         if self._file is not None and (reason := marker.refusal(self._file)) is not None:
             raise MissingDatabaseError(reason)
         with self.engine.begin() as conn:
@@ -298,6 +318,8 @@ class Database:
                 and not inspect(conn).has_table(schema_info.name)
             ):
                 raise MissingDatabaseError(marker.schema_lost(self._file))
+            if not self._create and not inspect(conn).has_table(schema_info.name):
+                raise DatabaseNotFoundError("it holds none of the aggregator's tables")
             metadata.create_all(conn)
             found = conn.execute(
                 select(schema_info.c.value).where(schema_info.c.key == "schema_version")
@@ -445,12 +467,9 @@ class Database:
 class Repository:
     """The base of the repositories: the ``Database`` whose transactions they run.
 
-    Repositories combine by inheritance over one database (``aggregator.storage.Storage``),
-    so ``__init__`` and ``close`` cooperate along the method resolution order.
+    Several repositories share one database (``aggregator.storage.Repositories``); each
+    is built over it alone, and none closes it.
     """
 
     def __init__(self, database: Database) -> None:
         self.database = database
-
-    def close(self) -> None:
-        """Stop what the repository runs beside the database (the database stays open)."""

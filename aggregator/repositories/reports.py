@@ -99,7 +99,6 @@ class ReportsRepository(Repository):
     def close(self) -> None:
         """Store the batches already submitted, then stop the group-commit thread."""
         self._committer.close()
-        super().close()
 
     def ingest(
         self, ids: Sequence[bytes], fold: Callable[[list[bool]], list[PartialRow]]
@@ -187,6 +186,11 @@ class ReportsRepository(Repository):
         """Insert statistics directly (loading, benchmarks); no report ids are recorded."""
         with self.database.write() as conn:
             _insert_rows(conn, rows)
+
+    def holds_statistics(self) -> bool:
+        """Whether any partial statistics are stored (of any metric)."""
+        with self.database.read() as conn:
+            return conn.execute(select(partial_stats.c.metric).limit(1)).first() is not None
 
     def report_count(self) -> int:
         """How many distinct report ids have been accepted."""

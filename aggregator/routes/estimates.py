@@ -16,15 +16,15 @@ import re
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 import anyio
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BeforeValidator, StringConstraints
 from pydantic_core import to_json
 
 from aggregator import observability as obs
-from aggregator.deps import Analyst, MetricName, Service
+from aggregator.deps import MetricName, Service, require_analyst
 from aggregator.estimates import (
     DEFAULT_SERIES_STEPS,
     MAX_HEAVY_HITTERS,
@@ -43,7 +43,9 @@ from aggregator.value_listing import (
 )
 from shared.schemas import MAX_DOMAIN_SIZE, MAX_LABEL_LENGTH
 
-router = APIRouter(tags=["estimates"])
+router = APIRouter(
+    prefix="/v1/metrics", tags=["estimates"], dependencies=[Depends(require_analyst)]
+)
 
 #: A date and a time with seconds (fraction optional) and a UTC offset or Z.
 RFC3339_DATE_TIME = re.compile(
@@ -151,7 +153,12 @@ Format = Annotated[
 
 async def _bounded(request: Request, work: Callable[[], dict[str, object]]) -> Response:
     """``work``'s answer as JSON (non-finite numbers as null), computed and serialized in a
-    worker thread, at most ``max_concurrent_estimates`` at once (the others wait)."""
+    worker thread, at most ``max_concurrent_estimates`` at once (the others wait).
+
+    This is why the endpoints here are async where the others are plain functions: a
+    request waiting its turn waits on the event loop, holding no worker thread, and
+    FastAPI's own thread pool has no such bound.
+    """
     state = request.app.state
     if getattr(state, "estimate_limiter", None) is None:
         settings = state.aggregator.settings
@@ -166,11 +173,10 @@ async def _bounded(request: Request, work: Callable[[], dict[str, object]]) -> R
     return Response(body, media_type="application/json")
 
 
-@router.get("/v1/metrics/{name}/estimate", response_model=EstimateOut)
+@router.get("/{name}/estimate", response_model=EstimateOut)
 async def estimate(
     request: Request,
     name: MetricName,
-    principal: Analyst,
     service: Service,
     start: WindowStart = None,
     end: WindowEnd = None,
@@ -181,7 +187,7 @@ async def estimate(
     offset: Offset = 0,
     limit: Limit = None,
     format: Format = "json",
-) -> Any:
+) -> Response:
     """Debiased estimate of one metric version over a time window, with std and 95% CI.
 
     A categorical metric of up to 4,096 categories lists every one, in index order. A
@@ -201,11 +207,10 @@ async def estimate(
     )
 
 
-@router.get("/v1/metrics/{name}/series", response_model=SeriesOut)
+@router.get("/{name}/series", response_model=SeriesOut)
 async def series(
     request: Request,
     name: MetricName,
-    principal: Analyst,
     service: Service,
     step: Annotated[
         SeriesStepName, Query(description="Step: one hour (1h) or one UTC day (1d).")
@@ -218,7 +223,7 @@ async def series(
     order: Order = None,
     offset: Offset = 0,
     limit: Limit = None,
-) -> Any:
+) -> Response:
     """One estimate per step (a UTC hour or day) of one metric version over a range.
 
     The range is widened to whole steps on the UTC grid; every step of it is listed,
@@ -246,11 +251,10 @@ async def series(
     )
 
 
-@router.get("/v1/metrics/{name}/heavy-hitters", response_model=HeavyHittersOut)
+@router.get("/{name}/heavy-hitters", response_model=HeavyHittersOut)
 async def heavy_hitters(
     request: Request,
     name: MetricName,
-    principal: Analyst,
     service: Service,
     k: Annotated[
         int,
@@ -263,7 +267,7 @@ async def heavy_hitters(
     start: WindowStart = None,
     end: WindowEnd = None,
     version: VersionQuery = None,
-) -> Any:
+) -> Response:
     """The k most frequent strings of a discovery metric (pem, sfp), found without
     candidates, with std and 95% CI; the window and release threshold as for estimates."""
     return await _bounded(request, lambda: service.heavy_hitters(name, k, version, start, end))

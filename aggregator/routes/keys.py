@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
-from fastapi import APIRouter, Response
-from fastapi.concurrency import run_in_threadpool
+from fastapi import APIRouter, Depends, Response
 from pydantic import BaseModel, Field
 
 from aggregator import observability as obs
 from aggregator.auth import Role, UnknownKeyError
-from aggregator.deps import Admin, Keys
+from aggregator.deps import Admin, Keys, require_admin
 
 logger = logging.getLogger("ldp.aggregator")
-router = APIRouter(tags=["keys"])
+router = APIRouter(prefix="/v1/keys", tags=["keys"], dependencies=[Depends(require_admin)])
 
 
 class KeyRequest(BaseModel):
@@ -37,10 +35,10 @@ class KeyInfo(BaseModel):
     revoked_at: float | None
 
 
-@router.post("/v1/keys", response_model=KeyCreated, status_code=201)
-async def create_key(request_body: KeyRequest, principal: Admin, keys: Keys) -> Any:
+@router.post("", status_code=201)
+def create_key(request_body: KeyRequest, principal: Admin, keys: Keys) -> KeyCreated:
     """Create an API key; the reply is the only time the key is shown."""
-    key_id, key = await run_in_threadpool(keys.create, request_body.role, request_body.label)
+    key_id, key = keys.create(request_body.role, request_body.label)
     obs.log(
         logger,
         logging.INFO,
@@ -49,20 +47,19 @@ async def create_key(request_body: KeyRequest, principal: Admin, keys: Keys) -> 
         role=request_body.role,
         by=principal.key_id,
     )
-    return {"key_id": key_id, "role": request_body.role, "label": request_body.label, "key": key}
+    return KeyCreated(key_id=key_id, role=request_body.role, label=request_body.label, key=key)
 
 
-@router.get("/v1/keys", response_model=list[KeyInfo])
-async def list_keys(principal: Admin, keys: Keys) -> Any:
+@router.get("")
+def list_keys(keys: Keys) -> list[KeyInfo]:
     """Every key's id, role, label and state (never the key or its hash)."""
-    rows = await run_in_threadpool(keys.listing)
-    return [{k: row[k] for k in KeyInfo.model_fields} for row in rows]
+    return [KeyInfo.model_validate(row) for row in keys.listing()]
 
 
-@router.delete("/v1/keys/{key_id}", status_code=204)
-async def revoke_key(key_id: str, principal: Admin, keys: Keys) -> Response:
+@router.delete("/{key_id}", status_code=204)
+def revoke_key(key_id: str, principal: Admin, keys: Keys) -> Response:
     """Revoke a key (effective in every process within seconds)."""
-    if not await run_in_threadpool(keys.revoke, key_id):
+    if not keys.revoke(key_id):
         raise UnknownKeyError(f"no active key {key_id!r}")
     obs.log(logger, logging.INFO, "key revoked", key_id=key_id, by=principal.key_id)
     return Response(status_code=204)

@@ -11,7 +11,6 @@ import logging
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.concurrency import run_in_threadpool
 
 from aggregator import observability as obs
 from aggregator.catalog import Published
@@ -20,7 +19,7 @@ from aggregator.service import UnknownMetricError
 from shared.schemas import MetricDocument, MetricSpec
 
 logger = logging.getLogger("ldp.aggregator")
-router = APIRouter(tags=["metrics"])
+router = APIRouter(prefix="/v1/metrics", tags=["metrics"])
 
 PUBLIC_CACHE_CONTROL = "public, no-cache"
 NOT_MODIFIED: dict[int | str, dict[str, Any]] = {
@@ -28,8 +27,8 @@ NOT_MODIFIED: dict[int | str, dict[str, Any]] = {
 }
 
 
-@router.get("/v1/metrics", response_model=list[MetricSpec], responses=NOT_MODIFIED)
-async def list_metrics(request: Request, service: Service) -> Any:
+@router.get("", response_model=list[MetricSpec], responses=NOT_MODIFIED)
+def list_metrics(request: Request, service: Service) -> Response:
     """The current version of every metric: public, so anyone can audit the privacy promise.
 
     Served from bytes serialized once per catalog state, with an ``ETag``; a request
@@ -38,40 +37,37 @@ async def list_metrics(request: Request, service: Service) -> Any:
     address, and the service keeps no client addresses): each request costs a
     comparison and a send, as ``/healthz`` does.
     """
-    document = await run_in_threadpool(service.catalog.published_latest)
+    document = service.catalog.published_latest()
     return _published(request, document)
 
 
-@router.get(
-    "/v1/metrics/{name}/versions", response_model=list[MetricSpec], responses=NOT_MODIFIED
-)
-async def metric_versions(request: Request, name: MetricName, service: Service) -> Any:
+@router.get("/{name}/versions", response_model=list[MetricSpec], responses=NOT_MODIFIED)
+def metric_versions(request: Request, name: MetricName, service: Service) -> Response:
     """Every version of one metric, oldest first (public; cached as ``/v1/metrics`` is)."""
-    document = await run_in_threadpool(service.catalog.published_versions, name)
+    document = service.catalog.published_versions(name)
     if document is None:
         raise UnknownMetricError(f"no metric {name!r}")
     return _published(request, document)
 
 
 @router.put(
-    "/v1/metrics/{name}",
-    response_model=MetricSpec,
+    "/{name}",
     status_code=200,
     responses={201: {"model": MetricSpec, "description": "A new version was created."}},
 )
-async def define_metric(
+def define_metric(
     name: MetricName,
     document: MetricDocument,
     response: Response,
     principal: Admin,
     service: Service,
-) -> Any:
+) -> MetricSpec:
     """Define a metric. A new spec or new labels make a new version (201); the same spec
     with another description updates the current version (200).
 
     The body may be a ``GET /v1/metrics`` item as it is: its ``name`` must be the
     path's, and its ``version`` is ignored (the server assigns versions)."""
-    metric, created = await run_in_threadpool(service.define_document, name, document)
+    metric, created = service.define_document(name, document)
     response.status_code = 201 if created else 200
     obs.log(
         logger,

@@ -15,22 +15,22 @@ import functools
 import threading
 import time
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from pydantic import Field, ValidationError, create_model
 
 from aggregator import observability as obs
-from aggregator.deps import Device, Service
+from aggregator.deps import Service, require_device
 from aggregator.ingest import BatchRejected, BatchTooLargeError
 from aggregator.service import Aggregator
 from shared.schemas import IngestResult, Report, ReportBatch
 
-router = APIRouter(tags=["reports"])
+router = APIRouter(prefix="/v1/reports", tags=["reports"], dependencies=[Depends(require_device)])
 
 
 @router.post(
-    "/v1/reports",
+    "",
     response_model=IngestResult,
     openapi_extra={
         "requestBody": {
@@ -41,9 +41,12 @@ router = APIRouter(tags=["reports"])
         }
     },
 )
-async def post_reports(request: Request, principal: Device, service: Service) -> Response:
+async def post_reports(request: Request, service: Service) -> Response:
     """A batch of reports, stored atomically (all or none) and acknowledged after commit.
     A ``report_id`` already accepted is ignored and counted in ``duplicates``."""
+    # Async, where the other endpoints are plain functions: it reads the raw body as it
+    # streams in (FastAPI's way to get it), into one buffer, on the event loop, and then
+    # hands validation and storage to a worker thread itself.
     started = time.perf_counter()
     body = await _read_body(request)
     # Validated and stored off the event loop (which goes on serving other requests

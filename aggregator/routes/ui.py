@@ -20,30 +20,40 @@ under ``/ui`` carries a Content-Security-Policy that admits scripts, styles and
 connections from this origin only (no inline script or style, no other host), so the
 dashboard works on an offline network and an injected tag could not run. Charts are
 drawn by Chart.js, shipped unmodified in ``aggregator/ui/static/vendor`` (its version,
-licence and checksum are in ``VERSIONS.txt`` there).
+licence and checksum are in ``VERSIONS.txt`` there). Every axis is titled, with the
+metric's ``unit`` where it declares one; a chart with nothing to show (no report in the
+window, no round closed yet) gives way to a short message in its box.
+
+The pages are routes of their own ``APIRouter`` (``PageRoute``), outside the OpenAPI
+document, which describes the JSON API: their names and versions are typed parameters
+(the API's name pattern, a positive integer), and an address that fails them, like a
+metric or version that does not exist, is answered with the HTML "not found" page.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import HTMLResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from aggregator.registry import METRIC_NAME
+from aggregator.deps import MetricName, TaskName
 from aggregator.service import Aggregator, StorageUnavailableError
 from shared.schemas import MetricSpec, rappor_epsilon_infinity
 
-__all__ = ["CONTENT_SECURITY_POLICY", "UI_PREFIX", "add_dashboard", "router"]
+__all__ = ["CONTENT_SECURITY_POLICY", "UI_PREFIX", "add_dashboard_assets", "router"]
 
 UI_PREFIX = "/ui"
 STATIC_URL = f"{UI_PREFIX}/static"
@@ -75,8 +85,6 @@ _SECURITY_HEADER_NAMES = frozenset(name.lower() for name, _ in SECURITY_HEADERS)
 #: Labels of a categorical metric listed in its domain before the rest are counted.
 LISTED_LABELS = 12
 
-router = APIRouter()
-
 
 def ui_directory() -> Path:
     """The installed ``aggregator/ui`` directory (templates and static assets)."""
@@ -99,6 +107,8 @@ class PrivacyPromise:
     name: str
     version: int
     description: str
+    #: The unit of the metric's values, shown beside them (None: a plain number).
+    unit: str | None
     kind: str
     mechanism: str
     #: The mechanism ``auto`` resolved to (None for the others).
@@ -134,6 +144,7 @@ class PrivacyPromise:
             name=metric.name,
             version=metric.version,
             description=metric.description,
+            unit=metric.unit,
             kind=spec.kind,
             mechanism=spec.mechanism,
             resolved=resolved if resolved != spec.mechanism else None,
@@ -154,7 +165,8 @@ def _domain(metric: MetricSpec) -> str:
     if spec.kind == "categorical":
         return f"{spec.domain_size} categories"
     if spec.kind == "numeric":
-        return f"numbers clipped to [{spec.lower:g}, {spec.upper:g}]"
+        unit = f" {metric.unit}" if metric.unit else ""
+        return f"numbers clipped to [{spec.lower:g}, {spec.upper:g}]{unit}"
     count = len(metric.labels or ())
     candidates = f"{count or 'no'} candidate string{'s' * (count != 1)}"
     if spec.max_length is not None:
@@ -215,6 +227,44 @@ def _promises(service: Aggregator, metrics: list[MetricSpec]) -> list[PrivacyPro
     return promises
 
 
+class PageRoute(APIRoute):
+    """A dashboard page: a path or query parameter that fails its type names a page that
+    does not exist, so it is answered with the "not found" page (404, HTML), not with the
+    JSON API's problem document. The route's ``name`` says what the page shows ("metric",
+    "task")."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        subject = self.name
+
+        async def page_or_missing(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except RequestValidationError:
+                return await _missing(request, _named(subject, request))
+
+        return page_or_missing
+
+
+router = APIRouter(prefix=UI_PREFIX, route_class=PageRoute, include_in_schema=False)
+
+#: A metric version in a page's query; absent: the current version.
+PageVersion = Annotated[int | None, Query(ge=1, le=2**31 - 1)]
+
+
+def _named(subject: str, request: Request) -> str:
+    """What a page's address asks for, in words: "metric colour version 7"."""
+    what = f"{subject} {request.path_params.get('name', '')}".rstrip()
+    version = request.query_params.get("version")
+    return what if version is None else f"{what} version {version}"
+
+
+async def _missing(request: Request, what: str) -> HTMLResponse:
+    health = await run_in_threadpool(_health, _service(request))
+    return _render(request, "missing.html", 404, page="missing", what=what, health=health)
+
+
+@router.get("/", name="overview", response_class=HTMLResponse)
 async def overview(request: Request) -> HTMLResponse:
     """Every metric's privacy promise, and the service's health."""
     service = _service(request)
@@ -226,66 +276,44 @@ async def overview(request: Request) -> HTMLResponse:
     return _render(request, "overview.html", page="overview", metrics=promises, health=health)
 
 
-async def metric_page(request: Request) -> HTMLResponse:
+@router.get("/metrics/{name}", name="metric", response_class=HTMLResponse)
+async def metric_page(
+    request: Request, name: MetricName, version: PageVersion = None
+) -> HTMLResponse:
     """One metric version's promise and versions; the page's script adds its estimates."""
     service = _service(request)
-    name = str(request.path_params["name"])
-    version_text = request.query_params.get("version")
-    version = int(version_text) if version_text and version_text.isdigit() else None
 
     def gather() -> tuple[list[PrivacyPromise], Health]:
-        versions = service.catalog.versions(name) if METRIC_NAME.match(name) else []
-        return _promises(service, versions), _health(service)
+        return _promises(service, service.catalog.versions(name)), _health(service)
 
     versions, health = await run_in_threadpool(gather)
-    if version_text is None:
-        chosen = versions[-1] if versions else None
-    else:
-        chosen = next((p for p in versions if p.version == version), None)
-    if chosen is None:
-        missing = name if version_text is None else f"{name} version {version_text}"
-        return _render(
-            request, "missing.html", 404, page="missing", what=f"metric {missing}", health=health
-        )
+    wanted = versions[-1:] if version is None else [p for p in versions if p.version == version]
+    if not wanted:
+        return await _missing(request, _named("metric", request))
     return _render(
         request,
         "metric.html",
         page="metric",
-        metric=chosen,
+        metric=wanted[0],
         versions=versions,
         latest=versions[-1].version,
         health=health,
     )
 
 
+@router.get("/federated", name="federated", response_class=HTMLResponse)
 async def federated_page(request: Request) -> HTMLResponse:
     """The federated tasks; the page's script lists them with the analyst key."""
     health = await run_in_threadpool(_health, _service(request))
     return _render(request, "federated.html", page="federated", health=health)
 
 
-async def task_page(request: Request) -> HTMLResponse:
+@router.get("/federated/{name}", name="task", response_class=HTMLResponse)
+async def task_page(request: Request, name: TaskName) -> HTMLResponse:
     """One federated task; its status is fetched by the page's script with the key (a
     task's existence is not public, so the page is the same for any well-formed name)."""
-    name = str(request.path_params["name"])
     health = await run_in_threadpool(_health, _service(request))
-    if not METRIC_NAME.match(name):
-        return _render(
-            request, "missing.html", 404, page="missing", what=f"task {name}", health=health
-        )
     return _render(request, "task.html", page="task", task=name, health=health)
-
-
-# Plain routes, as FastAPI's own documentation pages are: outside the OpenAPI document,
-# which describes the JSON API.
-router.add_route(f"{UI_PREFIX}/", overview, methods=["GET"], include_in_schema=False)
-router.add_route(
-    f"{UI_PREFIX}/metrics/{{name}}", metric_page, methods=["GET"], include_in_schema=False
-)
-router.add_route(f"{UI_PREFIX}/federated", federated_page, methods=["GET"], include_in_schema=False)
-router.add_route(
-    f"{UI_PREFIX}/federated/{{name}}", task_page, methods=["GET"], include_in_schema=False
-)
 
 
 class DashboardHeaders:
@@ -318,8 +346,8 @@ class DashboardHeaders:
         await self.app(scope, receive, with_headers)
 
 
-def add_dashboard(app: FastAPI) -> None:
-    """Serve the dashboard: its pages, its assets under ``/ui/static``, its headers."""
-    app.include_router(router)
+def add_dashboard_assets(app: FastAPI) -> None:
+    """Serve the dashboard's assets under ``/ui/static`` and give its pages their security
+    headers (the pages themselves are ``router``, included with the others)."""
     app.mount(STATIC_URL, StaticFiles(directory=ui_directory() / "static"), name="ui-static")
     app.add_middleware(DashboardHeaders)

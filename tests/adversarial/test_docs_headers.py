@@ -118,6 +118,7 @@ def browser() -> Iterator[Any]:
     ("path", "operation"),
     [("/docs", ".opblock"), ("/redoc", "[data-section-id^='tag/reports/operation']")],
 )
+@pytest.mark.slow
 def test_pages_render_their_operations_under_the_policy(
     browser: Any, hostile_target: Callable[..., Server], path: str, operation: str
 ) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import pytest
 
 from simulations.server import Server
 
@@ -77,6 +78,7 @@ def estimate(server: Server, name: str, **params: str) -> httpx.Response:
     )
 
 
+@pytest.mark.slow
 def test_differencing_two_windows_reveals_nothing(
     hostile_target: Callable[..., Server],
 ) -> None:
@@ -99,6 +101,7 @@ def test_differencing_two_windows_reveals_nothing(
     assert (left["suppressed_buckets"], left["suppressed_reports"]) == (0, 0)
 
 
+@pytest.mark.slow
 def test_one_report_requests_cannot_inflate_the_database(
     hostile_target: Callable[..., Server], tmp_path: Path
 ) -> None:

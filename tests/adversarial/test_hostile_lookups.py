@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable
 
 import httpx
+import pytest
 
 from simulations.server import Server
 
@@ -38,6 +39,7 @@ def reloads(server: Server) -> float:
     return float(found.group(1))
 
 
+@pytest.mark.slow
 def test_unknown_metrics_and_the_listing_cost_no_reload(
     hostile_target: Callable[..., Server],
 ) -> None:

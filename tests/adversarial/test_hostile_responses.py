@@ -4,8 +4,9 @@ A server (or a proxy in front of it) that answers 500, 401 or 403 for a while, a
 about one report of a batch, or a device whose clock runs hours fast (its reports
 look as if they came from the future) used to make the uploader drop whole batches:
 the epsilon was spent, nothing was counted. The defence (``client/transport.py``,
-``client/sdk.py``): 5xx, 401 and 403 are retried with bounded, jittered backoff while
-the reports stay in the outbox (across restarts); a 422 drops only the reports its
+``client/sdk.py``): 5xx are retried with bounded, jittered backoff and 401 and 403
+are tried again after ``RetryPolicy.refused_delay``, while the reports stay in the
+outbox (across restarts); a 422 drops only the reports its
 problem document names; report hours follow the server's clock (its ``Date`` header).
 Every report is still delivered exactly once, under its own id.
 
@@ -131,9 +132,15 @@ def test_500_401_403_keep_every_report_and_deliver_each_once(
     assert queued_ids(client) == ids
     client.close(timeout=0.0)  # a restart while the server still fails
 
+    for status in (401, 403):  # refused: flush returns at once, the reports stay
+        client = client_for(server.url, "key", tmp_path)  # a restart tries again at once
+        assert queued_ids(client) == ids  # kept across the restart
+        assert client.flush(timeout=30.0) is False
+        assert client.last_error is not None and client.last_error.status == status
+        assert client.last_error.permanent
+        client.close(timeout=0.0)
     client = client_for(server.url, "key", tmp_path)
-    assert queued_ids(client) == ids  # kept across the restart
-    assert client.flush(timeout=30.0) is True
+    assert client.flush(timeout=30.0) is True  # 503, then accepted
     client.close()
     assert sorted(server.accepted) == sorted(ids)  # each once
     assert all(sorted(post) == sorted(ids) for post in server.posts)  # same ids each time
@@ -154,6 +161,7 @@ def test_422_drops_only_the_named_report(
     assert first[1] not in server.accepted
 
 
+@pytest.mark.slow
 def test_device_clock_two_hours_fast_is_accepted(
     hostile_target: Callable[..., Server], tmp_path: Path
 ) -> None:

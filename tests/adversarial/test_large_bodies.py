@@ -93,7 +93,9 @@ def service(tmp_path: Path) -> Iterator[TestClient]:
         rate_limit_burst=1_000_000,
     )
     app = create_app(settings)
-    bootstrap_keys(app.state.keys, app.state.aggregator.storage, {"LDP_DEVICE_KEYS": "d" * 24})
+    bootstrap_keys(
+        app.state.keys, app.state.services.repositories.keys, {"LDP_DEVICE_KEYS": "d" * 24}
+    )
     from aggregator.registry import DEMO_METRICS
 
     app.state.aggregator.define_missing(DEMO_METRICS)
@@ -145,6 +147,7 @@ def test_the_default_body_limit_holds_a_full_batch_of_the_largest_fixed_size_rep
 # --- many large bodies at once ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_flood_of_large_bodies_is_refused_at_once_and_memory_stays_bounded(
     hostile_target: Callable[..., Server],
 ) -> None:
@@ -208,6 +211,7 @@ def test_a_flood_of_large_bodies_is_refused_at_once_and_memory_stays_bounded(
     assert memory(pid)["VmRSS"] <= 1.2 * baseline + 16 * MIB, (baseline, memory(pid))
 
 
+@pytest.mark.slow
 def test_a_body_past_the_budget_is_refused_before_it_is_read(
     hostile_target: Callable[..., Server],
 ) -> None:
@@ -255,6 +259,7 @@ def test_a_body_past_the_budget_is_refused_before_it_is_read(
 # --- slow clients ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_slow_headers_and_slow_bodies_are_cut(hostile_target: Callable[..., Server]) -> None:
     """100 connections trickle their headers, 100 others their body, one byte every
     0.2 s. With 1 s for headers and 2 s for a body, every one is closed by the server

@@ -78,7 +78,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClien
     )
     app = create_app(settings)
     environment = {f"LDP_{role.upper()}_KEYS": key for role, key in KEYS.items()}
-    assert bootstrap_keys(app.state.keys, app.state.aggregator.storage, environment) is None
+    assert bootstrap_keys(app.state.keys, app.state.services.repositories.keys, environment) is None
     with TestClient(app) as client:
         response = client.put("/v1/metrics/huge", json={"mechanism": HUGE}, headers=auth("admin"))
         assert response.status_code == 201, response.text
@@ -88,7 +88,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClien
             [np.repeat(HEAVY, [6000, 5000, 4000, 3000, 2000]), rng.integers(0, D, 10_000)]
         )
         stats = mech.aggregate(mech.encode(values, rng))
-        storage = client.app.state.aggregator.storage  # type: ignore[attr-defined]
+        storage = client.app.state.services.repositories.reports  # type: ignore[attr-defined]
         storage.add_partial_rows([PartialRow("huge", 1, BUCKET, stats.n, stats.to_bytes())])
         assert isinstance(stats, CountStatistics)
         expected = mech.estimate(stats)
@@ -220,6 +220,7 @@ def test_a_series_counts_every_step_against_its_bound(
             assert "limit=" in detail and "values=" in detail
 
 
+@pytest.mark.slow
 def test_estimates_are_computed_a_bounded_number_at_once(
     served: tuple[TestClient, Estimate], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -282,7 +283,7 @@ def test_small_domains_list_everything_and_values_take_labels(
     assert client.put("/v1/metrics/colour", json=spec, headers=auth("admin")).status_code == 201
     mech = make_mechanism(MechanismSpec.model_validate(spec["mechanism"]))
     stats = mech.aggregate(mech.encode(np.arange(400) % 4, np.random.default_rng(5)))
-    storage = client.app.state.aggregator.storage  # type: ignore[attr-defined]
+    storage = client.app.state.services.repositories.reports  # type: ignore[attr-defined]
     storage.add_partial_rows([PartialRow("colour", 1, BUCKET, stats.n, stats.to_bytes())])
     path = "/v1/metrics/colour/estimate"
     whole = ok(client.get(path, headers=auth("analyst")))

@@ -321,6 +321,7 @@ def published(server: Server) -> dict[str, Any]:
     return dict(response.json())
 
 
+@pytest.mark.slow
 def test_a_huge_laplace_index_is_refused_and_changes_nothing(
     hostile_target: Callable[..., Server],
 ) -> None:

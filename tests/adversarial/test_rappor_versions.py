@@ -116,6 +116,7 @@ def correct_bits(reports: list[dict[str, Any]], mechanism: Rappor) -> np.ndarray
     return np.asarray(bits == true)
 
 
+@pytest.mark.slow
 def test_versions_differing_only_in_f_have_independent_permanent_responses(
     state_root: Path,
 ) -> None:

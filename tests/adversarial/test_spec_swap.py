@@ -220,6 +220,7 @@ def test_two_specs_never_share_memo_randomness_or_ledger_keys(tmp_path: Path) ->
     assert pvalue < P_FLOOR and share == 1.0
 
 
+@pytest.mark.slow
 def test_a_recreated_database_restarting_versions_is_refused_too(
     hostile_target: Callable[..., Server], tmp_path: Path
 ) -> None:

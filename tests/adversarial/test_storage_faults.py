@@ -30,7 +30,7 @@ from aggregator.app import create_app
 from aggregator.auth import bootstrap_keys
 from aggregator.registry import DEMO_METRICS
 from aggregator.settings import Settings
-from aggregator.storage import MissingDatabaseError, Storage
+from aggregator.storage import MissingDatabaseError, Repositories
 
 #: The checkout whose aggregator the test runs (and the command it starts).
 REPO = Path(aggregator.__file__).resolve().parents[1]
@@ -68,15 +68,15 @@ def client(tmp_path: Path) -> Iterator[TestClient]:
         "LDP_ANALYST_KEYS": ANALYST,
         "LDP_DEVICE_KEYS": KEYS["device"],
     }
-    bootstrap_keys(app.state.keys, service.storage, environment)
+    bootstrap_keys(app.state.keys, app.state.services.repositories.keys, environment)
     with TestClient(app) as test_client:
         yield test_client
 
 
 def set_max_pages(client: TestClient, pages: int | None) -> None:
     """Cap the database at ``pages`` pages (None: at its size now) on the writers' connection."""
-    storage = client.app.state.aggregator.storage  # type: ignore[attr-defined]
-    with storage.database.write() as conn:
+    database = client.app.state.services.repositories.database  # type: ignore[attr-defined]
+    with database.write() as conn:
         if pages is None:
             pages = int(conn.exec_driver_sql("PRAGMA page_count").scalar_one())
         conn.exec_driver_sql(f"PRAGMA max_page_count = {pages}")
@@ -121,16 +121,16 @@ def test_a_full_sqlite_database_answers_503_with_retry_after_and_recovers(
 
 def make_database(path: Path) -> None:
     """A database with one report, closed (its WAL checkpointed into the file)."""
-    storage = Storage(str(path))
+    storage = Repositories.open(str(path))
     try:
-        storage.ingest([uuid.uuid4().bytes], lambda new: [])
+        storage.reports.ingest([uuid.uuid4().bytes], lambda new: [])
     finally:
         storage.close()
 
 
 def refusal(path: Path) -> str:
     with pytest.raises(MissingDatabaseError) as raised:
-        Storage(str(path))
+        Repositories.open(str(path))
     message = str(raised.value)
     assert "\n" not in message
     return message
@@ -179,9 +179,9 @@ def test_a_new_path_gets_a_database_and_a_marker_and_reopens(tmp_path: Path) -> 
     make_database(path)
     marker = tmp_path / "agg.sqlite3-created"
     assert marker.is_file() and "ldp-aggregator" in marker.read_text()
-    reopened = Storage(str(path))
+    reopened = Repositories.open(str(path))
     try:
-        assert reopened.report_count() == 1
+        assert reopened.reports.report_count() == 1
     finally:
         reopened.close()
 

@@ -28,7 +28,7 @@ from httpx import Response
 from aggregator.app import create_app
 from aggregator.auth import bootstrap_keys, hash_key
 from aggregator.settings import Settings
-from aggregator.storage import Storage
+from aggregator.storage import Repositories
 from shared.mechanisms import Mechanism, Rappor, make_mechanism
 from shared.schemas import MechanismSpec
 
@@ -48,8 +48,8 @@ class Api:
     app: FastAPI
 
     @property
-    def storage(self) -> Storage:
-        return self.app.state.aggregator.storage  # type: ignore[no-any-return]
+    def repositories(self) -> Repositories:
+        return self.app.state.services.repositories  # type: ignore[no-any-return]
 
     @staticmethod
     def auth(role: str) -> dict[str, str]:
@@ -89,7 +89,7 @@ def running(database: str, **settings: Any) -> Iterator[Api]:
         "LDP_ANALYST_KEYS": ANALYST_KEY,
         "LDP_DEVICE_KEYS": DEVICE_KEY,
     }
-    assert bootstrap_keys(app.state.keys, app.state.aggregator.storage, environment) is None
+    assert bootstrap_keys(app.state.keys, app.state.services.repositories.keys, environment) is None
     with TestClient(app) as client:
         yield Api(client, app)
 
@@ -235,6 +235,7 @@ def test_metrics_are_public_and_versioned(api: Api) -> None:
         "description": "first",
         "mechanism": GRR3,
         "labels": LABELS3,
+        "unit": None,
     }
     # The same spec with another description: the same version, updated (200).
     same = api.define("colour", GRR3, LABELS3, description="second")
@@ -456,7 +457,7 @@ def test_retries_are_idempotent(db_api: Api) -> None:
     assert api.post(batch).json() == {"accepted": 30, "duplicates": 0}
     assert api.post(batch).json() == {"accepted": 0, "duplicates": 30}
     assert api.n("colour") == 30
-    assert api.storage.report_count() == 30
+    assert api.repositories.reports.report_count() == 30
 
     # Half old, half new: only the new half counts.
     fresh = reports("colour", 1, mech.to_payloads(encode(mech, 10, np.random.default_rng(62))))
@@ -465,7 +466,7 @@ def test_retries_are_idempotent(db_api: Api) -> None:
     twice = reports("colour", 1, [{"value": 2}])
     assert api.post(twice + twice).json() == {"accepted": 1, "duplicates": 1}
     assert api.n("colour") == 41
-    assert api.storage.report_count() == 41
+    assert api.repositories.reports.report_count() == 41
 
 
 def test_a_batch_with_one_bad_report_stores_nothing(db_api: Api) -> None:
@@ -481,7 +482,7 @@ def test_a_batch_with_one_bad_report_stores_nothing(db_api: Api) -> None:
     assert body["errors"][0]["report"] == 17 and body["errors"][0]["field"] == "payload"
     assert api.n("colour") == MIN_REPORTS
     assert api.n("other") == 0
-    assert api.storage.report_count() == MIN_REPORTS
+    assert api.repositories.reports.report_count() == MIN_REPORTS
     # None of the good ids was recorded: they are all accepted now.
     assert api.post(good + good_other).json() == {"accepted": 30, "duplicates": 0}
     assert api.n("colour") == MIN_REPORTS + 25
@@ -494,10 +495,10 @@ def test_compaction_keeps_estimates_exact(api: Api) -> None:
     for part in np.array_split(np.arange(60), 4):
         assert api.post(reports("colour", 1, mech.to_payloads(encoded[part]))).status_code == 200
     before = api.estimate("colour").json()
-    assert len(api.storage.partial_rows("colour", 1)) == 4
+    assert len(api.repositories.reports.partial_rows("colour", 1)) == 4
     response = api.client.post("/v1/admin/compact", headers=api.auth("admin"))
     assert response.json() == {"groups": 1, "rows_merged": 4}
-    assert len(api.storage.partial_rows("colour", 1)) == 1
+    assert len(api.repositories.reports.partial_rows("colour", 1)) == 1
     assert api.estimate("colour").json() == before
     assert_problem(api.client.post("/v1/admin/compact", headers=api.auth("device")), 403)
 
@@ -531,7 +532,7 @@ def test_key_management(api: Api) -> None:
     assert api.client.delete(f"/v1/keys/{key_id}", headers=api.auth("admin")).status_code == 204
     batch = {"reports": reports("colour", 1, [{"value": 1}])}
     assert_problem(api.client.post("/v1/reports", json=batch, headers=phone), 401)
-    assert api.storage.report_count() == 1
+    assert api.repositories.reports.report_count() == 1
     revoked = {e["key_id"]: e for e in api.client.get("/v1/keys", headers=api.auth("admin")).json()}
     assert revoked[key_id]["revoked_at"] is not None
     again = api.client.delete(f"/v1/keys/{key_id}", headers=api.auth("admin"))
@@ -544,7 +545,7 @@ def test_key_management(api: Api) -> None:
         assert_problem(refused, 403)
     bad_role = api.client.post("/v1/keys", json={"role": "root"}, headers=api.auth("admin"))
     assert_problem(bad_role, 422)
-    assert len(api.storage.keys()) == 4
+    assert len(api.repositories.keys.keys()) == 4
 
 
 def test_revocation_elsewhere_reaches_the_key_cache(api: Api) -> None:
@@ -553,14 +554,14 @@ def test_revocation_elsewhere_reaches_the_key_cache(api: Api) -> None:
     key, key_id = created.json()["key"], created.json()["key_id"]
     headers = {"Authorization": f"Bearer {key}"}
     assert api.client.get("/v1/metrics/x/estimate", headers=headers).status_code == 404
-    assert api.storage.revoke_key(key_id)
+    assert api.repositories.keys.revoke_key(key_id)
     api.app.state.keys.reload()  # what the 2 s cache expiry does
     assert_problem(api.client.get("/v1/metrics/x/estimate", headers=headers), 401)
 
 
 def test_first_start_creates_one_admin_key(tmp_path: Path) -> None:
     app = create_app(Settings(database=str(tmp_path / "fresh.sqlite3"), compaction_interval=0))
-    storage = app.state.aggregator.storage
+    storage = app.state.services.repositories.keys
     key = bootstrap_keys(app.state.keys, storage, {})
     assert key is not None and key.startswith("ldp_")
     assert bootstrap_keys(app.state.keys, storage, {}) is None
@@ -590,7 +591,7 @@ def test_authentication_and_roles(api: Api) -> None:
     refused_batch = assert_problem(api.post(batch["reports"], role="analyst"), 403, "forbidden")
     assert refused_batch["detail"] == "this needs a device key; the key given is an analyst key"
     # A refused batch is not stored: the device's send afterwards is wholly new.
-    assert api.storage.report_count() == 0
+    assert api.repositories.reports.report_count() == 0
     assert api.post(batch["reports"]).json() == {"accepted": 3, "duplicates": 0}
 
     by_device = api.client.get("/v1/metrics/colour/estimate", headers=api.auth("device"))
@@ -628,7 +629,7 @@ def test_rate_limit_answers_429_with_retry_after(tmp_path: Path) -> None:
         assert "per second" in body["detail"]
         wait = int(limited.headers["retry-after"])
         assert 1 <= wait <= math.ceil(1 / rate)
-        assert api.storage.report_count() == 4  # the refused batch was not stored
+        assert api.repositories.reports.report_count() == 4  # the refused batch was not stored
         # Limits are per key: the others are not affected.
         assert api.estimate("colour").status_code == 409
         assert api.client.get("/v1/keys", headers=api.auth("admin")).status_code == 200
@@ -678,7 +679,7 @@ def test_prometheus_metrics(api: Api) -> None:
 def test_healthz(db_api: Api) -> None:
     response = db_api.client.get("/healthz")
     assert response.status_code == 200
-    assert response.json() == {"status": "ok", "storage": db_api.storage.dialect}
+    assert response.json() == {"status": "ok", "storage": db_api.repositories.database.dialect}
 
 
 def test_openapi_document(api: Api) -> None:
@@ -710,7 +711,7 @@ def test_openapi_document(api: Api) -> None:
     routes = {
         route.path
         for route in iter_route_contexts(api.app.routes)
-        if isinstance(route.original_route, APIRoute)
+        if isinstance(route.original_route, APIRoute) and route.original_route.include_in_schema
     }
     assert expected <= routes
     assert set(document["paths"]) == routes

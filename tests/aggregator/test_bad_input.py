@@ -28,7 +28,7 @@ from httpx import Response
 from aggregator.app import create_app
 from aggregator.auth import bootstrap_keys
 from aggregator.settings import Settings
-from aggregator.storage import Storage
+from aggregator.storage import Repositories
 from shared.mechanisms import Mechanism, Rappor, make_mechanism
 from shared.schemas import MechanismSpec
 
@@ -54,7 +54,11 @@ SPECS: dict[str, dict[str, Any]] = {
     "duchi": {"mechanism": "duchi", "epsilon": 1.0, "lower": -1.0, "upper": 1.0},
     # Cell indices 0..M-1 (M = 16 grid steps plus the window).
     "piecewise": {
-        "mechanism": "piecewise", "epsilon": 2.0, "lower": 0.0, "upper": 120.0, "grid_steps": 16
+        "mechanism": "piecewise",
+        "epsilon": 2.0,
+        "lower": 0.0,
+        "upper": 120.0,
+        "grid_steps": 16,
     },
     # 12 bits in 2 bytes, little-endian bit order: the 4 high bits of byte 1 are padding.
     "rappor": {
@@ -87,8 +91,8 @@ class Service:
     rng: np.random.Generator
 
     @property
-    def storage(self) -> Storage:
-        return self.app.state.aggregator.storage  # type: ignore[no-any-return]
+    def repositories(self) -> Repositories:
+        return self.app.state.services.repositories  # type: ignore[no-any-return]
 
     def headers(self, role: str = "device") -> dict[str, str]:
         key = {"admin": ADMIN_KEY, "analyst": ANALYST_KEY, "device": DEVICE_KEY}[role]
@@ -121,14 +125,14 @@ class Service:
 
     def state(self) -> tuple[Any, ...]:
         """Everything a request could change: ids, statistics per metric version, metrics."""
-        metrics = self.storage.metrics()
+        metrics = self.repositories.metrics.metrics()
         stats = tuple(
             (m.name, m.version, sorted((r.bucket, r.n, r.stats) for r in rows))
             for m in metrics
-            for rows in [self.storage.partial_rows(m.name, m.version)]
+            for rows in [self.repositories.reports.partial_rows(m.name, m.version)]
         )
         definitions = tuple(m.model_dump_json() for m in metrics)
-        return self.storage.report_count(), stats, definitions
+        return self.repositories.reports.report_count(), stats, definitions
 
     def accepts_as_new(self, reports: list[dict[str, Any]]) -> None:
         """The reports are stored now, every one as new (no id of theirs was recorded)."""
@@ -190,7 +194,7 @@ def start_service(database: str) -> Iterator[Service]:
         "LDP_ANALYST_KEYS": ANALYST_KEY,
         "LDP_DEVICE_KEYS": DEVICE_KEY,
     }
-    bootstrap_keys(app.state.keys, app.state.aggregator.storage, environment)
+    bootstrap_keys(app.state.keys, app.state.services.repositories.keys, environment)
     mechanisms = {
         name: make_mechanism(MechanismSpec.model_validate(s)) for name, s in SPECS.items()
     }
@@ -757,7 +761,7 @@ def test_degenerate_epsilon_is_never_a_server_error(tmp_path: Path, spec: dict[s
         assert defined.status_code < 500, defined.text
         if defined.status_code >= 400:
             assert_problem(defined)
-            stored = [(m.name, m.version) for m in service.storage.metrics()]
+            stored = [(m.name, m.version) for m in service.repositories.metrics.metrics()]
             assert ("tiny", 1) not in stored, "a refused definition was stored"
             assert service.state() == before
         else:
@@ -778,11 +782,11 @@ def test_degenerate_epsilon_is_never_a_server_error(tmp_path: Path, spec: dict[s
 
 def test_bad_key_requests(service: Service) -> None:
     admin = service.headers("admin")
-    keys_before = service.storage.keys()
+    keys_before = service.repositories.keys.keys()
     for body in ({"role": "root"}, {"role": None}, {}, {"role": "device", "label": "x" * 201}):
         assert_problem(service.client.post("/v1/keys", json=body, headers=admin), 422)
     assert_problem(service.client.delete("/v1/keys/no-such-key", headers=admin), 404)
-    assert service.storage.keys() == keys_before
+    assert service.repositories.keys.keys() == keys_before
 
 
 def test_unknown_routes_and_methods(service: Service) -> None:

@@ -1,7 +1,7 @@
 """The metric catalog (``aggregator/catalog.py``): lookups that do not reload, change
 detection across processes, and the cached public listing with ETag and 304.
 
-Reloads are counted (``Catalog.reloads`` and calls of ``Storage.metrics``), never timed.
+Reloads are counted (``Catalog.reloads`` and calls of ``MetricsRepository.metrics``), never timed.
 A batch that names thousands of unknown metrics must cost no reload at all (before, each
 such report reread and reparsed every definition); a metric defined by another process
 on the same database must still be seen once the refresh interval has passed.
@@ -23,9 +23,9 @@ from aggregator.app import create_app
 from aggregator.auth import bootstrap_keys
 from aggregator.catalog import Catalog
 from aggregator.ingest import BatchRejected, prepare
-from aggregator.service import Aggregator
+from aggregator.service import Services
 from aggregator.settings import Settings
-from aggregator.storage import Storage
+from aggregator.storage import Repositories
 from shared.schemas import MechanismSpec, MetricDefinition, ReportBatch
 
 ADMIN_KEY = "catalog-admin-key-0123456789"
@@ -48,7 +48,7 @@ def grr(description: str = "", labels: tuple[str, ...] = ("a", "b", "c")) -> Met
     return MetricDefinition(description=description, mechanism=GRR3, labels=labels)
 
 
-def counted(monkeypatch: pytest.MonkeyPatch, storage: Storage, method: str) -> list[int]:
+def counted(monkeypatch: pytest.MonkeyPatch, storage: object, method: str) -> list[int]:
     """Count the calls of ``storage.<method>`` (one list element per call)."""
     calls: list[int] = []
     original = getattr(storage, method)
@@ -73,18 +73,19 @@ def batch_naming(names: list[tuple[str, int]]) -> ReportBatch:
 
 
 @pytest.fixture
-def service(tmp_path: Path) -> Iterator[Aggregator]:
-    aggregator = Aggregator(Settings(database=str(tmp_path / "catalog.sqlite3")))
-    aggregator.define("known", grr())
-    yield aggregator
-    aggregator.close()
+def services(tmp_path: Path) -> Iterator[Services]:
+    opened = Services.open(Settings(database=str(tmp_path / "catalog.sqlite3")))
+    opened.aggregator.define("known", grr())
+    yield opened
+    opened.close()
 
 
 def test_a_batch_of_unknown_metrics_reloads_nothing(
-    service: Aggregator, monkeypatch: pytest.MonkeyPatch
+    services: Services, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """2,000 reports naming 1,000 unknown metrics and an unknown version: no reload."""
-    definitions = counted(monkeypatch, service.storage, "metrics")
+    service = services.aggregator
+    definitions = counted(monkeypatch, services.repositories.metrics, "metrics")
     reloads = service.catalog.reloads
     names = [(f"missing-{i % 1000}", 1) for i in range(1999)] + [("known", 7)]
     with pytest.raises(BatchRejected) as rejected:
@@ -98,19 +99,19 @@ def test_a_batch_of_unknown_metrics_reloads_nothing(
         "message": "metric 'known' has no version 7 (it has [1])",
     }
     assert definitions == [] and service.catalog.reloads == reloads
-    assert service.storage.report_count() == 0
+    assert services.repositories.reports.report_count() == 0
 
 
 def test_lookups_read_the_stamp_at_most_once_per_interval(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """After the interval, one batch checks the stamp once (the interval bounds the rest)."""
-    storage = Storage(str(tmp_path / "stamp.sqlite3"))
+    storage = Repositories.open(str(tmp_path / "stamp.sqlite3"))
     try:
-        storage.define_metric("known", grr())
+        storage.metrics.define_metric("known", grr())
         refresh = 0.5
-        catalog = Catalog(storage, refresh_seconds=refresh)
-        stamps = counted(monkeypatch, storage, "metrics_stamp")
+        catalog = Catalog(storage.metrics, refresh_seconds=refresh)
+        stamps = counted(monkeypatch, storage.metrics, "metrics_stamp")
         time.sleep(refresh)
         started = time.monotonic()
         with pytest.raises(BatchRejected):
@@ -129,17 +130,17 @@ def test_lookups_read_the_stamp_at_most_once_per_interval(
 
 
 def test_another_process_definitions_are_seen_within_the_interval(tmp_path: Path) -> None:
-    """A second Storage on the same file (another process's view): new metrics, new
+    """A second set of repositories on the same file (another process's view): new metrics, new
     versions and description changes reach the first catalog after ``refresh_seconds``."""
     database = str(tmp_path / "shared.sqlite3")
-    mine, theirs = Storage(database), Storage(database)
+    mine, theirs = Repositories.open(database), Repositories.open(database)
     try:
-        mine.define_metric("known", grr())
+        mine.metrics.define_metric("known", grr())
         refresh = 0.3
-        catalog = Catalog(mine, refresh_seconds=refresh)
+        catalog = Catalog(mine.metrics, refresh_seconds=refresh)
         listing = catalog.published_latest()
-        theirs.define_metric("fresh", grr())
-        theirs.define_metric("known", grr(labels=("x", "y", "z")))  # version 2
+        theirs.metrics.define_metric("fresh", grr())
+        theirs.metrics.define_metric("known", grr(labels=("x", "y", "z")))  # version 2
         time.sleep(refresh)
         assert catalog.get("fresh") is not None
         assert [m.version for m in catalog.versions("known")] == [1, 2]
@@ -147,7 +148,7 @@ def test_another_process_definitions_are_seen_within_the_interval(tmp_path: Path
         assert catalog.reloads == 2
         assert catalog.published_latest().etag != listing.etag
         # A description alone changes the stamp too.
-        theirs.define_metric("fresh", grr(description="now described"))
+        theirs.metrics.define_metric("fresh", grr(description="now described"))
         time.sleep(refresh)
         fresh = catalog.get("fresh")
         assert fresh is not None and fresh.description == "now described"
@@ -166,16 +167,16 @@ def test_known_versions_do_not_hold_back_a_new_one(
     """Lookups of a known version never read the stamp, so the first report of a version
     defined elsewhere finds it as soon as the interval since the last check has passed."""
     database = str(tmp_path / "shared.sqlite3")
-    mine, theirs = Storage(database), Storage(database)
+    mine, theirs = Repositories.open(database), Repositories.open(database)
     try:
-        mine.define_metric("known", grr())
+        mine.metrics.define_metric("known", grr())
         refresh = 0.3
-        catalog = Catalog(mine, refresh_seconds=refresh)
-        stamps = counted(monkeypatch, mine, "metrics_stamp")
+        catalog = Catalog(mine.metrics, refresh_seconds=refresh)
+        stamps = counted(monkeypatch, mine.metrics, "metrics_stamp")
         time.sleep(refresh)
         assert all(catalog.mechanism("known", 1) is not None for _ in range(100))
         assert stamps == []
-        theirs.define_metric("fresh", grr())
+        theirs.metrics.define_metric("fresh", grr())
         assert catalog.mechanism("fresh", 1) is not None
         assert len(stamps) == 1 and catalog.reloads == 2
     finally:
@@ -185,32 +186,33 @@ def test_known_versions_do_not_hold_back_a_new_one(
 
 def test_the_change_stamp(database_url: str) -> None:
     """``metrics_stamp`` changes with a new version or description, not with a no-op."""
-    storage = Storage(database_url)
+    storage = Repositories.open(database_url)
     try:
-        first = storage.metrics_stamp()
-        storage.define_metric("m", grr())
-        defined = storage.metrics_stamp()
-        storage.define_metric("m", grr())  # the same definition again
-        assert storage.metrics_stamp() == defined != first
-        storage.define_metric("m", grr(description="d"))
-        described = storage.metrics_stamp()
-        storage.define_metric("m", grr(labels=("p", "q", "r")))
-        assert len({first, defined, described, storage.metrics_stamp()}) == 4
-        assert storage.metrics_stamp()[1] == 2  # two versions
+        first = storage.metrics.metrics_stamp()
+        storage.metrics.define_metric("m", grr())
+        defined = storage.metrics.metrics_stamp()
+        storage.metrics.define_metric("m", grr())  # the same definition again
+        assert storage.metrics.metrics_stamp() == defined != first
+        storage.metrics.define_metric("m", grr(description="d"))
+        described = storage.metrics.metrics_stamp()
+        storage.metrics.define_metric("m", grr(labels=("p", "q", "r")))
+        assert len({first, defined, described, storage.metrics.metrics_stamp()}) == 4
+        assert storage.metrics.metrics_stamp()[1] == 2  # two versions
     finally:
         storage.close()
-    reopened = Storage(database_url)  # a restart keeps the stamp (and does not fail)
+    reopened = Repositories.open(database_url)  # a restart keeps the stamp (and does not fail)
     try:
-        assert reopened.metrics_stamp()[1] == 2
+        assert reopened.metrics.metrics_stamp()[1] == 2
     finally:
         reopened.close()
 
 
 @pytest.fixture
-def client(tmp_path: Path) -> Iterator[tuple[TestClient, Aggregator]]:
+def client(tmp_path: Path) -> Iterator[tuple[TestClient, Services]]:
     app = create_app(Settings(database=str(tmp_path / "api.sqlite3"), compaction_interval=0))
-    service: Aggregator = app.state.aggregator
-    bootstrap_keys(app.state.keys, service.storage, {"LDP_ADMIN_KEYS": ADMIN_KEY})
+    services: Services = app.state.services
+    service = services.aggregator
+    bootstrap_keys(app.state.keys, services.repositories.keys, {"LDP_ADMIN_KEYS": ADMIN_KEY})
     service.define("colour", grr())
     service.define(
         "site",
@@ -219,14 +221,15 @@ def client(tmp_path: Path) -> Iterator[tuple[TestClient, Aggregator]]:
         ),
     )
     with TestClient(app) as test_client:
-        yield test_client, service
+        yield test_client, services
 
 
 def test_the_listing_is_served_from_cache_with_an_etag(
-    client: tuple[TestClient, Aggregator], monkeypatch: pytest.MonkeyPatch
+    client: tuple[TestClient, Services], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    api, service = client
-    definitions = counted(monkeypatch, service.storage, "metrics")
+    api, services = client
+    service = services.aggregator
+    definitions = counted(monkeypatch, services.repositories.metrics, "metrics")
     reloads = service.catalog.reloads
     first = api.get("/v1/metrics")
     second = api.get("/v1/metrics")
@@ -244,6 +247,7 @@ def test_the_listing_is_served_from_cache_with_an_etag(
         "description": "",
         "mechanism": {"mechanism": "grr", "epsilon": 1.0, "domain_size": 3},
         "labels": ["a", "b", "c"],
+        "unit": None,
     }
     for header in (etag, f"W/{etag}", f'"other", {etag}', "*"):
         cached = api.get("/v1/metrics", headers={"If-None-Match": header})
@@ -260,10 +264,10 @@ def test_the_listing_is_served_from_cache_with_an_etag(
 
 
 def test_the_versions_of_a_metric_are_cached_too(
-    client: tuple[TestClient, Aggregator], monkeypatch: pytest.MonkeyPatch
+    client: tuple[TestClient, Services], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    api, service = client
-    definitions = counted(monkeypatch, service.storage, "metrics")
+    api, services = client
+    definitions = counted(monkeypatch, services.repositories.metrics, "metrics")
     first = api.get("/v1/metrics/site/versions")
     assert first.status_code == 200 and [m["version"] for m in first.json()] == [1]
     again = api.get("/v1/metrics/site/versions", headers={"If-None-Match": first.headers["etag"]})

@@ -50,9 +50,7 @@ def run_cli(*args: str, cwd: Path, data_dir: Path) -> subprocess.CompletedProces
     )
 
 
-def assert_one_line_error(
-    result: subprocess.CompletedProcess[str], *fragments: str
-) -> str:
+def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> str:
     """The command failed with status 2 and one ``ldp-aggregator: error:`` line."""
     assert result.returncode == 2, (result.returncode, result.stderr)
     assert result.stdout == ""
@@ -85,12 +83,6 @@ def busy_port() -> Iterator[int]:
         yield int(busy.getsockname()[1])
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 # --- refusals ---------------------------------------------------------------------------
 
 
@@ -108,6 +100,7 @@ def test_a_missing_directory_is_refused_not_created(
     assert not missing.exists()
 
 
+@pytest.mark.slow
 def test_a_relative_sqlite_url_is_explained(
     cli: Callable[..., subprocess.CompletedProcess[str]], tmp_path: Path
 ) -> None:
@@ -121,13 +114,13 @@ def test_a_relative_sqlite_url_is_explained(
     assert not (tmp_path / "work" / "data").exists()
 
 
-def test_the_default_location_is_created(
+def test_the_default_location_is_not_created_by_create_key(
     cli: Callable[..., subprocess.CompletedProcess[str]], tmp_path: Path
 ) -> None:
     result = cli("create-key", "--role", "admin")
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("admin key ")
-    assert (tmp_path / "default-data" / "aggregator.sqlite3").is_file()
+    assert result.returncode == 2, result.stderr
+    assert "start the server once with this data directory" in result.stderr
+    assert not (tmp_path / "default-data").exists()
 
 
 @pytest.mark.parametrize(
@@ -157,6 +150,7 @@ def test_a_port_in_use_is_refused_before_anything_is_done(
 
 
 @pytest.mark.parametrize("port", ["-1", "65536"])
+@pytest.mark.slow
 def test_a_port_out_of_range_is_refused(
     cli: Callable[..., subprocess.CompletedProcess[str]], tmp_path: Path, port: str
 ) -> None:
@@ -167,14 +161,15 @@ def test_a_port_out_of_range_is_refused(
 # --- what a start prints ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_every_start_says_where_it_listens_what_it_serves_and_how_to_recover_a_key(
     start_server: Callable[..., Any], tmp_path: Path
 ) -> None:
     database = tmp_path / "agg.sqlite3"
     for _ in range(2):  # the second start, on the same database, says as much
-        port = free_port()
-        server = start_server(str(database), port=port)
+        server = start_server(str(database))
         server.stop()
+        port = server.port
         log = server.log()
         assert log.count("ldp-aggregator serving ") == 1, log
         assert f"ldp-aggregator serving http://127.0.0.1:{port} (1 worker)" in log

@@ -280,6 +280,7 @@ def assert_shown(text: str, value: float) -> None:
 # --- the tests ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_without_a_key_only_the_public_specs_are_shown(session: Session) -> None:
     session.open("/ui/")
     rows = session.page.locator("#metric-table tbody tr")
@@ -299,6 +300,7 @@ def test_without_a_key_only_the_public_specs_are_shown(session: Session) -> None
     assert all("authorization" not in r.headers for r in session.requests)
 
 
+@pytest.mark.slow
 def test_a_categorical_metric_shows_the_estimate_apis_numbers(session: Session) -> None:
     session.open("/ui/")
     session.enter_key()
@@ -382,6 +384,7 @@ def assert_whiskers_drawn(session: Session, bars: int) -> None:
         assert probe == {"top": True, "bottom": True, "middle": True, "beside": False}, probe
 
 
+@pytest.mark.slow
 def test_the_series_of_a_window_is_the_series_apis(session: Session) -> None:
     session.open(f"/ui/metrics/{CATEGORICAL}")
     session.enter_key()
@@ -440,6 +443,7 @@ def test_the_series_of_a_window_is_the_series_apis(session: Session) -> None:
     assert "window=custom" in session.page.url
 
 
+@pytest.mark.slow
 def test_numeric_and_string_metrics(session: Session) -> None:
     session.open("/ui/metrics/app.session_minutes")
     session.enter_key()
@@ -480,6 +484,7 @@ def test_numeric_and_string_metrics(session: Session) -> None:
     session.shot("metric-heavy-hitters")
 
 
+@pytest.mark.slow
 def test_the_federated_pages(session: Session) -> None:
     session.open("/ui/federated")
     session.enter_key()
@@ -506,6 +511,7 @@ def test_the_federated_pages(session: Session) -> None:
     session.shot("federated-task")
 
 
+@pytest.mark.slow
 def test_a_script_label_is_shown_as_text(session: Session) -> None:
     session.open("/ui/")
     cell = (
@@ -538,6 +544,7 @@ def test_a_script_label_is_shown_as_text(session: Session) -> None:
     session.policy_violations.clear()
 
 
+@pytest.mark.slow
 def test_the_key_never_reaches_a_log_and_can_be_forgotten(session: Session) -> None:
     session.open("/ui/")
     session.enter_key()

@@ -54,7 +54,8 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
     database = tmp_path_factory.mktemp("pages") / "pages.sqlite3"
     app = create_app(Settings(database=str(database), compaction_interval=0))
     service = app.state.aggregator
-    assert bootstrap_keys(app.state.keys, service.storage, {"LDP_ADMIN_KEYS": ADMIN_KEY}) is None
+    repositories = app.state.services.repositories
+    assert bootstrap_keys(app.state.keys, repositories.keys, {"LDP_ADMIN_KEYS": ADMIN_KEY}) is None
     service.define_missing(DEMO_METRICS)
     with TestClient(app) as test_client:
         define(test_client, "xss.test", {"mechanism": "grr", "epsilon": 1.0, "domain_size": 2},
@@ -278,12 +279,12 @@ def test_health_shows_an_unreachable_database(
 ) -> None:
     html = client.get("/ui/").text
     assert '<dd class="state-ok">ok</dd>' in html and "<dd>sqlite</dd>" in html
-    storage = client.app.state.aggregator.storage  # type: ignore[attr-defined]
+    database = client.app.state.services.repositories.database  # type: ignore[attr-defined]
 
     def unreachable() -> None:
         raise ConnectionError("database down")
 
-    monkeypatch.setattr(storage, "ping", unreachable)
+    monkeypatch.setattr(database, "ping", unreachable)
     for path in ("/ui/", "/ui/metrics/app.theme", "/ui/federated"):
         response = client.get(path)
         assert response.status_code == 200

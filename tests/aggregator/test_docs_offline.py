@@ -98,6 +98,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (Debian package: chromium)")
+@pytest.mark.slow
 def test_swagger_ui_renders_the_operations_in_a_browser(
     start_server: Callable[..., Any], tmp_path: Path
 ) -> None:

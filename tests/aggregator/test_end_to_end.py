@@ -89,6 +89,7 @@ def grr(epsilon: float, domain_size: int) -> Mechanism:
 # --- the command line ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_serve_without_config_defines_the_demo_metrics(
     start_server: StartServer, tmp_path: Path
 ) -> None:
@@ -125,6 +126,7 @@ upper = 600.0
 """
 
 
+@pytest.mark.slow
 def test_config_defines_metrics_and_a_new_epsilon_makes_a_new_version(
     start_server: StartServer, tmp_path: Path
 ) -> None:
@@ -192,6 +194,7 @@ BAD_CONFIGS = {
 
 
 @pytest.mark.parametrize("case", list(BAD_CONFIGS))
+@pytest.mark.slow
 def test_a_bad_config_stops_the_start_with_a_clear_error(case: str, tmp_path: Path) -> None:
     text, field_name = BAD_CONFIGS[case]
     config = tmp_path / "metrics.toml"
@@ -258,6 +261,7 @@ def bare_servers() -> Iterator[list[subprocess.Popen[bytes]]]:
         _terminate(process)
 
 
+@pytest.mark.slow
 def test_first_start_prints_an_admin_key_once(
     tmp_path: Path, bare_servers: list[subprocess.Popen[bytes]]
 ) -> None:
@@ -294,6 +298,7 @@ def test_first_start_prints_an_admin_key_once(
 # --- simulated devices ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_simulated_devices_are_estimated_within_their_confidence_intervals(
     start_server: StartServer, tmp_path: Path
 ) -> None:
@@ -383,6 +388,7 @@ def _scraped_total(server: Any) -> float:
     return float(match.group(1))
 
 
+@pytest.mark.slow
 def test_two_workers_serve_and_metrics_sum_over_processes(
     start_server: StartServer, tmp_path: Path
 ) -> None:
@@ -419,6 +425,7 @@ def test_two_workers_serve_and_metrics_sum_over_processes(
         assert _scraped_total(server) == total
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_a_batch_in_flight_or_counts_nothing(
     start_server: StartServer, tmp_path: Path
 ) -> None:

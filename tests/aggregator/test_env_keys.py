@@ -31,8 +31,9 @@ from aggregator.auth import (
     sync_environment_keys,
 )
 from aggregator.registry import DEMO_METRICS
+from aggregator.repositories.keys import KeysRepository
 from aggregator.settings import Settings
-from aggregator.storage import Storage
+from aggregator.storage import Repositories
 from shared.mechanisms import make_mechanism
 
 KEY_A = "device-key-a-0123456789abcdef"
@@ -54,6 +55,7 @@ def post_report(url: str, key: str) -> httpx.Response:
     )
 
 
+@pytest.mark.slow
 def test_a_key_removed_from_the_environment_is_revoked_at_restart(
     tmp_path: Path, start_server: Callable[..., Any]
 ) -> None:
@@ -83,18 +85,18 @@ def test_a_key_removed_from_the_environment_is_revoked_at_restart(
 
 
 @pytest.fixture
-def keys(tmp_path: Path) -> Iterator[tuple[KeyRing, Storage]]:
-    storage = Storage(str(tmp_path / "ring.sqlite3"))
-    yield KeyRing(storage), storage
-    storage.close()
+def keys(tmp_path: Path) -> Iterator[tuple[KeyRing, KeysRepository]]:
+    repositories = Repositories.open(str(tmp_path / "ring.sqlite3"))
+    yield KeyRing(repositories.keys), repositories.keys
+    repositories.close()
 
 
-def rows_by_hash(storage: Storage) -> dict[str, dict[str, Any]]:
+def rows_by_hash(storage: KeysRepository) -> dict[str, dict[str, Any]]:
     return {row["key_hash"]: row for row in storage.keys()}
 
 
 def test_the_start_adds_revokes_and_restores_environment_keys(
-    keys: tuple[KeyRing, Storage],
+    keys: tuple[KeyRing, KeysRepository],
 ) -> None:
     ring, storage = keys
     added = sync_environment_keys(ring, storage, {"LDP_DEVICE_KEYS": f" {KEY_A} ,{KEY_B},"})
@@ -122,7 +124,7 @@ def test_the_start_adds_revokes_and_restores_environment_keys(
 
 
 def test_keys_from_the_api_and_revocations_by_an_admin_are_left_alone(
-    keys: tuple[KeyRing, Storage],
+    keys: tuple[KeyRing, KeysRepository],
 ) -> None:
     ring, storage = keys
     created_id, created = ring.create("device", "phone")
@@ -145,7 +147,7 @@ def test_keys_from_the_api_and_revocations_by_an_admin_are_left_alone(
 
 
 def test_a_key_listed_for_another_role_is_named_with_its_role(
-    keys: tuple[KeyRing, Storage],
+    keys: tuple[KeyRing, KeysRepository],
 ) -> None:
     ring, storage = keys
     analyst_id, analyst = ring.create("analyst", "dashboard")
@@ -167,7 +169,7 @@ def test_a_key_listed_for_another_role_is_named_with_its_role(
     ],
 )
 def test_a_bad_list_changes_nothing(
-    keys: tuple[KeyRing, Storage], environment: dict[str, str], message: str
+    keys: tuple[KeyRing, KeysRepository], environment: dict[str, str], message: str
 ) -> None:
     ring, storage = keys
     sync_environment_keys(ring, storage, {"LDP_DEVICE_KEYS": KEY_B})
@@ -177,9 +179,10 @@ def test_a_bad_list_changes_nothing(
     assert storage.keys() == before  # B not revoked, nothing added
 
 
+@pytest.mark.slow
 def test_environment_labels_are_reserved(tmp_path: Path) -> None:
     app = create_app(Settings(database=str(tmp_path / "api.sqlite3"), compaction_interval=0))
-    storage: Storage = app.state.aggregator.storage
+    storage: KeysRepository = app.state.services.repositories.keys
     admin = "admin-key-0123456789abcdef"
     bootstrap_keys(app.state.keys, storage, {"LDP_ADMIN_KEYS": admin})
     before = storage.keys()

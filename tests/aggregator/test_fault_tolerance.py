@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from aggregator.storage import Storage
+from aggregator.storage import Repositories
 
 StartServer = Callable[..., Any]
 
@@ -193,9 +193,9 @@ def test_kill_9_loses_and_double_counts_nothing(start_server: StartServer, tmp_p
     check_exactly_once(uploads, kills)
     assert len(uploads.ids) > 0
     assert counted(server) == len(uploads.ids)
-    storage = Storage(database)
+    storage = Repositories.open(database)
     try:
-        assert storage.report_count() == len(uploads.ids)
+        assert storage.reports.report_count() == len(uploads.ids)
     finally:
         storage.close()
 
@@ -232,8 +232,8 @@ def test_two_processes_on_one_postgresql_count_every_report_once(
     assert sum(reply["duplicates"] > 0 for _, reply in uploads.replies) > 0
     for server in servers:
         assert counted(server) == len(uploads.ids)
-    storage = Storage(postgres_url)
+    storage = Repositories.open(postgres_url)
     try:
-        assert storage.report_count() == len(uploads.ids)
+        assert storage.reports.report_count() == len(uploads.ids)
     finally:
         storage.close()

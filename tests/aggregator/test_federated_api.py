@@ -110,7 +110,7 @@ def running(database: str) -> Iterator[Api]:
     clock = Clock()
     app.state.federated.clock = clock
     environment = {f"LDP_{role.upper()}_KEYS": key for role, key in KEYS.items()}
-    assert bootstrap_keys(app.state.keys, app.state.aggregator.storage, environment) is None
+    assert bootstrap_keys(app.state.keys, app.state.services.repositories.keys, environment) is None
     with TestClient(app) as client:
         yield Api(client, app, clock)
 

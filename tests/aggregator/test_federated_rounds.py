@@ -1,5 +1,5 @@
 """Closing federated rounds by compare-and-swap, at the service (``Federated`` over
-``Storage``, no FastAPI), on SQLite and on PostgreSQL.
+``TasksRepository``, no FastAPI), on SQLite and on PostgreSQL.
 
 A round's close (aggregation, noise, the model's step, accounting) is computed outside
 any lock or transaction and committed only if the task and its round are still as read.
@@ -30,9 +30,9 @@ import pytest
 
 from aggregator import observability as obs
 from aggregator.federated import Federated, StaleRoundError
-from aggregator.service import Aggregator
+from aggregator.service import Services
 from aggregator.settings import Settings
-from aggregator.storage import Storage
+from aggregator.storage import Repositories
 from shared.federated.messages import TaskCreate, UpdateUpload
 from shared.federated.task import TaskConfig, TaskState
 from shared.federated.vectors import encode_vector
@@ -55,15 +55,15 @@ class Clock:
 
 
 @pytest.fixture
-def storage(database_url: str) -> Iterator[Storage]:
-    store = Storage(database_url)
+def storage(database_url: str) -> Iterator[Repositories]:
+    store = Repositories.open(database_url)
     yield store
     store.close()
 
 
 @pytest.fixture
-def federated(storage: Storage) -> Federated:
-    return Federated(storage, Clock())
+def federated(storage: Repositories) -> Federated:
+    return Federated(storage.tasks, Clock())
 
 
 def create(federated: Federated, clients_per_round: int, min_clients: int = 2) -> None:
@@ -121,14 +121,14 @@ def started(target: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
     return thread, outcome
 
 
-def stored_state(storage: Storage) -> dict[str, Any]:
-    task = storage.task("t")
+def stored_state(storage: Repositories) -> dict[str, Any]:
+    task = storage.tasks.task("t")
     assert task is not None
     return dict(json.loads(task.state))
 
 
 def test_two_closers_of_one_round_store_exactly_one_result(
-    federated: Federated, storage: Storage, monkeypatch: pytest.MonkeyPatch
+    federated: Federated, storage: Repositories, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     create(federated, clients_per_round=3)
     for _ in range(2):
@@ -162,9 +162,10 @@ def test_two_closers_of_one_round_store_exactly_one_result(
 
 
 def test_ingest_reads_and_uploads_proceed_while_a_round_is_computed(
-    federated: Federated, storage: Storage, monkeypatch: pytest.MonkeyPatch, database_url: str
+    federated: Federated, storage: Repositories, monkeypatch: pytest.MonkeyPatch, database_url: str
 ) -> None:
-    service = Aggregator(Settings(database=database_url, compaction_interval=0), storage)
+    settings = Settings(database=database_url, compaction_interval=0)
+    service = Services.over(settings, storage).aggregator
     service.define("colour", MetricDefinition(mechanism=GRR, labels=("a", "b", "c")))
     mechanism = make_mechanism(GRR)
     reports = mechanism.encode(np.array([0, 1, 2, 1]), rng=np.random.default_rng(5))
@@ -202,11 +203,11 @@ def test_ingest_reads_and_uploads_proceed_while_a_round_is_computed(
     filler.join(PATIENCE)
     assert filled == [True]
     assert federated.status("t").participants == [3]
-    assert storage.report_count() == 4
+    assert storage.reports.report_count() == 4
 
 
 def test_a_close_computed_before_an_upload_arrived_is_computed_again(
-    federated: Federated, storage: Storage, monkeypatch: pytest.MonkeyPatch
+    federated: Federated, storage: Repositories, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     create(federated, clients_per_round=4)
     for _ in range(2):

@@ -118,7 +118,7 @@ def service(tmp_path: Path) -> Iterator[Service]:
     clock = Clock()
     app.state.federated.clock = clock
     environment = {f"LDP_{role.upper()}_KEYS": key for role, key in KEYS.items()}
-    assert bootstrap_keys(app.state.keys, app.state.aggregator.storage, environment) is None
+    assert bootstrap_keys(app.state.keys, app.state.services.repositories.keys, environment) is None
     with TestClient(app) as client:
         yield Service(client, app, clock)
 

@@ -58,7 +58,9 @@ METRICS: dict[str, tuple[dict[str, Any], list[str] | None]] = {
 def service(database: Path) -> Iterator[TestClient]:
     """A fresh aggregator over ``database`` with one admin key."""
     app = create_app(Settings(database=str(database), compaction_interval=0))
-    bootstrap_keys(app.state.keys, app.state.aggregator.storage, {"LDP_ADMIN_KEYS": ADMIN_KEY})
+    bootstrap_keys(
+        app.state.keys, app.state.services.repositories.keys, {"LDP_ADMIN_KEYS": ADMIN_KEY}
+    )
     with TestClient(app) as client:
         yield client
 
@@ -181,3 +183,18 @@ def test_a_body_that_disagrees_is_refused_and_changes_nothing(
         assert repr(extra["name"]) in problem["detail"] and "'colour'" in problem["detail"]
     assert listing(client) == before
     assert client.get("/v1/metrics/other/versions").status_code == 404
+
+
+def test_a_unit_is_kept_by_put_and_changing_it_makes_no_new_version(
+    services: Callable[[], TestClient],
+) -> None:
+    client = services()
+    body = definition("laplace") | {"unit": "minutes"}
+    created = put(client, "timed", body)
+    assert created.status_code == 201, created.text
+    assert created.json()["unit"] == "minutes"
+    [item] = listing(client)
+    assert item["unit"] == "minutes"
+    changed = put(client, "timed", body | {"unit": "s"})
+    assert changed.status_code == 200 and changed.json()["version"] == 1
+    assert [entry["unit"] for entry in listing(client)] == ["s"]

@@ -33,9 +33,8 @@ from hypothesis import strategies as st
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from aggregator.app import create_app
-from aggregator.auth import KeyRing
 from aggregator.registry import DEMO_METRICS
-from aggregator.service import Aggregator
+from aggregator.service import Aggregator, Services
 from aggregator.settings import Settings
 from shared.mechanisms import Rappor, make_mechanism
 from shared.schemas import ReportBatch
@@ -120,11 +119,12 @@ def call_and_validate(case: schemathesis.Case, app: FastAPI) -> None:
 def _openapi_document() -> dict[str, Any]:
     """The app's OpenAPI document (it does not depend on the data: a scratch database)."""
     with tempfile.TemporaryDirectory() as directory:
-        aggregator = Aggregator(Settings(database=str(Path(directory) / "doc.sqlite3")))
+        settings = Settings(database=str(Path(directory) / "doc.sqlite3"))
+        services = Services.open(settings)
         try:
-            return create_app(aggregator.settings, aggregator).openapi()
+            return create_app(settings, services).openapi()
         finally:
-            aggregator.close()
+            services.close()
 
 
 # Loaded at import: schemathesis' fixture-based lazy loading does not run under pytest 9.
@@ -169,17 +169,17 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FastAPI]:
         rate_limit_per_second=1e9,
         rate_limit_burst=10**9,
     )
-    aggregator = Aggregator(settings)
-    aggregator.define_missing(DEMO_METRICS)
-    ring = KeyRing(aggregator.storage)
+    services = Services.open(settings)
+    services.aggregator.define_missing(DEMO_METRICS)
     for role, key in KEYS.items():
-        ring.import_key(key, role, "fuzz")  # type: ignore[arg-type]
-    _store_reports(aggregator, np.random.default_rng(5))
-    yield create_app(settings, aggregator)
-    aggregator.close()
+        services.keys.import_key(key, role, "fuzz")  # type: ignore[arg-type]
+    _store_reports(services.aggregator, np.random.default_rng(5))
+    yield create_app(settings, services)
+    services.close()
 
 
 @schema.parametrize()
+@pytest.mark.slow
 def test_api_conforms_to_its_openapi_document(case: schemathesis.Case, service: FastAPI) -> None:
     call_and_validate(case, service)
 

@@ -21,7 +21,6 @@ import math
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -42,10 +41,12 @@ from aggregator.demo_data import (
     zipf_shares,
 )
 from aggregator.registry import DEMO_METRICS
-from aggregator.service import Aggregator
+from aggregator.repositories.reports import ReportsRepository
+from aggregator.service import Aggregator, Services
 from aggregator.settings import Settings
 from shared.mechanisms import GeneralizedRandomizedResponse
 from shared.schemas import ReportBatch
+from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Two-sided normal quantile of 10^-7: each statistical check below fails falsely with
@@ -53,12 +54,6 @@ ROOT = Path(__file__).resolve().parents[2]
 Z = 5.33
 NOW = datetime(2026, 11, 24, 15, 30, tzinfo=UTC)
 PER_METRIC = DEMO_HOURS * DEMO_REPORTS_PER_HOUR
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def quickstart_commands() -> list[str]:
@@ -157,14 +152,27 @@ def test_readme_quickstart(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def service(tmp_path: Path) -> Iterator[Aggregator]:
-    aggregator = Aggregator(Settings(database=str(tmp_path / "demo.sqlite3")))
-    aggregator.define_missing(DEMO_METRICS)
-    yield aggregator
-    aggregator.close()
+def services(tmp_path: Path) -> Iterator[Services]:
+    opened = Services.open(Settings(database=str(tmp_path / "demo.sqlite3")))
+    opened.aggregator.define_missing(DEMO_METRICS)
+    yield opened
+    opened.close()
 
 
-def test_demo_data_fills_every_demo_metric_with_perturbed_reports(service: Aggregator) -> None:
+@pytest.fixture
+def service(services: Services) -> Aggregator:
+    return services.aggregator
+
+
+@pytest.fixture
+def reports(services: Services) -> ReportsRepository:
+    return services.repositories.reports
+
+
+@pytest.mark.slow
+def test_demo_data_fills_every_demo_metric_with_perturbed_reports(
+    service: Aggregator, reports: ReportsRepository
+) -> None:
     """14,400 reports per demo metric, 200 in each of the last 72 hours, stored as the
     mechanisms' perturbed reports: the stored GRR counts follow the perturbed law
     ``E C_v = n_v p + (n - n_v) q`` (the raw counts ``n_v`` are far outside it), and the
@@ -172,7 +180,7 @@ def test_demo_data_fills_every_demo_metric_with_perturbed_reports(service: Aggre
     standard deviations (false-failure rate 10^-7 each; 9 checks)."""
     stored = fill_demo_data(service, now=NOW, rng=np.random.default_rng(7))
     assert stored == {name: PER_METRIC for name in sorted(DEMO_METRICS)}
-    assert service.storage.report_count() == len(DEMO_METRICS) * PER_METRIC
+    assert reports.report_count() == len(DEMO_METRICS) * PER_METRIC
 
     theme = service.catalog.get("app.theme")
     assert theme is not None
@@ -182,7 +190,7 @@ def test_demo_data_fills_every_demo_metric_with_perturbed_reports(service: Aggre
     assert values is not None
     true_counts = np.bincount(values, minlength=3)
     p, q, n = grr.p, grr.q, PER_METRIC
-    rows = service.storage.partial_rows("app.theme", theme.version)
+    rows = reports.partial_rows("app.theme", theme.version)
     assert len({row.bucket for row in rows}) == DEMO_HOURS
     counts = grr.empty_statistics().merge_many(grr.statistics_from_bytes(r.stats) for r in rows)
     spread = np.sqrt(true_counts * p * (1 - p) + (n - true_counts) * q * (1 - q))
@@ -211,7 +219,9 @@ def test_demo_data_fills_every_demo_metric_with_perturbed_reports(service: Aggre
         assert service.estimate(name)["n"] == PER_METRIC
 
 
-def test_demo_data_never_mixes_with_reports_already_stored(service: Aggregator) -> None:
+def test_demo_data_never_mixes_with_reports_already_stored(
+    service: Aggregator, reports: ReportsRepository
+) -> None:
     """A database that holds statistics gets no demo reports: not after a real report,
     and not at a second start after a first fill."""
     theme = service.catalog.get("app.theme")
@@ -226,14 +236,14 @@ def test_demo_data_never_mixes_with_reports_already_stored(service: Aggregator) 
     service.ingest(batch, now=NOW)
 
     assert fill_demo_data(service, now=NOW) == {}
-    assert service.storage.report_count() == 1
+    assert reports.report_count() == 1
 
 
-def test_demo_data_is_added_once(service: Aggregator) -> None:
+def test_demo_data_is_added_once(service: Aggregator, reports: ReportsRepository) -> None:
     """A second fill (the next ``serve --demo-data`` on the same database) adds nothing."""
     assert fill_demo_data(service, now=NOW)
     assert fill_demo_data(service, now=NOW) == {}
-    assert service.storage.report_count() == len(DEMO_METRICS) * PER_METRIC
+    assert reports.report_count() == len(DEMO_METRICS) * PER_METRIC
 
 
 @pytest.mark.slow
@@ -241,7 +251,8 @@ def test_demo_data_reaches_the_release_threshold(tmp_path: Path) -> None:
     """Each hour holds at least ``min_reports`` reports, whatever the threshold, so
     every demo estimate is released."""
     settings = Settings(database=str(tmp_path / "strict.sqlite3"), min_reports=800)
-    service = Aggregator(settings)
+    services = Services.open(settings)
+    service = services.aggregator
     try:
         service.define_missing(DEMO_METRICS)
         stored = fill_demo_data(service, now=NOW)
@@ -249,7 +260,7 @@ def test_demo_data_reaches_the_release_threshold(tmp_path: Path) -> None:
         estimate = service.estimate("app.theme")
         assert estimate["buckets"] == DEMO_HOURS and estimate["suppressed_buckets"] == 0
     finally:
-        service.close()
+        services.close()
 
 
 def test_zipf_shares() -> None:

@@ -26,8 +26,9 @@ from httpx import Response
 from aggregator.app import create_app
 from aggregator.auth import bootstrap_keys
 from aggregator.estimates import ReleasedBuckets
+from aggregator.repositories.reports import ReportsRepository
 from aggregator.settings import Settings
-from aggregator.storage import PartialRow, Storage
+from aggregator.storage import PartialRow
 
 KEYS = {
     "admin": "threshold-admin-key-0123456789",
@@ -37,13 +38,19 @@ KEYS = {
 MIN_REPORTS = 10
 GRR4 = {"mechanism": "grr", "epsilon": 1.0, "domain_size": 4}
 #: Fields that describe the window and what it left out, not the estimate itself.
-WINDOW_FIELDS = {"window", "buckets", "suppressed_buckets", "suppressed_reports"}
+WINDOW_FIELDS = {
+    "window",
+    "buckets",
+    "suppressed_buckets",
+    "suppressed_reports",
+    "pending_reports",
+}
 
 
 @dataclass
 class Api:
     client: TestClient
-    storage: Storage
+    storage: ReportsRepository
 
     def define(self, name: str, spec: dict[str, Any]) -> None:
         response = self.client.put(
@@ -102,9 +109,9 @@ def running(database: str) -> Iterator[Api]:
     settings = Settings(database=database, min_reports=MIN_REPORTS, compaction_interval=0)
     app = create_app(settings)
     environment = {f"LDP_{role.upper()}_KEYS": key for role, key in KEYS.items()}
-    assert bootstrap_keys(app.state.keys, app.state.aggregator.storage, environment) is None
+    assert bootstrap_keys(app.state.keys, app.state.services.repositories.keys, environment) is None
     with TestClient(app) as client:
-        yield Api(client, app.state.aggregator.storage)
+        yield Api(client, app.state.services.repositories.reports)
 
 
 @pytest.fixture
@@ -213,13 +220,25 @@ def row(bucket: int, n: int) -> PartialRow:
 
 def test_released_buckets_sum_rows_per_bucket() -> None:
     rows = [row(0, 4), row(3600, 9), row(0, 6), row(7200, 10), row(3600, 0), row(10800, 0)]
-    released = ReleasedBuckets.of(rows, 10)
+    released = ReleasedBuckets.of(rows, 10, current=10800)
     assert released.rows == [rows[0], rows[2], rows[3]]
     assert (released.buckets, released.suppressed_buckets, released.suppressed_reports) == (
         2,
         1,
         9,
     )
-    empty = ReleasedBuckets.of([], 10)
+    assert released.pending_reports == 0  # the small bucket is not the current one
+    empty = ReleasedBuckets.of([], 10, current=0)
     assert (empty.rows, empty.buckets, empty.suppressed_buckets) == ([], 0, 0)
-    assert ReleasedBuckets.of(rows, 1).suppressed_buckets == 0
+    assert ReleasedBuckets.of(rows, 1, current=10800).suppressed_buckets == 0
+
+
+def test_pending_reports_are_the_suppressed_ones_of_the_current_bucket() -> None:
+    """Reports of the bucket still filling (``current`` and later) are pending; those of a
+    closed small bucket are suppressed only; a current bucket at the threshold is released."""
+    rows = [row(0, 4), row(3600, 9), row(7200, 3), row(7200, 2)]
+    released = ReleasedBuckets.of(rows, 5, current=7200)
+    assert (released.suppressed_reports, released.pending_reports) == (4, 0)
+    released = ReleasedBuckets.of(rows, 10, current=7200)
+    assert (released.suppressed_reports, released.pending_reports) == (18, 5)
+    assert ReleasedBuckets.of(rows, 10, current=3600).pending_reports == 14

@@ -32,7 +32,7 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 @pytest.fixture
 def client(tmp_path: Path) -> Iterator[TestClient]:
     app = create_app(Settings(database=str(tmp_path / "routes.sqlite3"), compaction_interval=0))
-    storage = app.state.aggregator.storage
+    storage = app.state.services.repositories.keys
     assert bootstrap_keys(app.state.keys, storage, {"LDP_ADMIN_KEYS": ADMIN_KEY}) is None
     with TestClient(app) as test_client:
         yield test_client
@@ -76,7 +76,7 @@ def test_request_counter_labels_the_full_route_template(client: TestClient) -> N
 def test_healthz_answers_503_when_storage_is_unreachable(
     client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    storage = client.app.state.aggregator.storage  # type: ignore[attr-defined]
+    storage = client.app.state.services.repositories.database  # type: ignore[attr-defined]
 
     def unreachable() -> None:
         raise ConnectionError("database down")

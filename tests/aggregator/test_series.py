@@ -115,7 +115,7 @@ def running(database: str) -> Iterator[Api]:
     )
     app = create_app(settings)
     environment = {f"LDP_{role.upper()}_KEYS": key for role, key in KEYS.items()}
-    assert bootstrap_keys(app.state.keys, app.state.aggregator.storage, environment) is None
+    assert bootstrap_keys(app.state.keys, app.state.services.repositories.keys, environment) is None
     with TestClient(app) as client:
         yield Api(client, app)
 
@@ -345,7 +345,7 @@ def test_a_series_reads_the_storage_once(api: Api, monkeypatch: pytest.MonkeyPat
     version = api.define("read-once", GRR4)
     for back in range(1, 25):
         api.post("read-once", version, [0] * MIN_REPORTS, BASE - back * HOUR)
-    storage = api.app.state.aggregator.storage
+    storage = api.app.state.services.repositories.reports
     calls: list[tuple[Any, ...]] = []
     read = storage.partial_rows
 

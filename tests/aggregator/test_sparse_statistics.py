@@ -23,8 +23,9 @@ from fastapi.testclient import TestClient
 
 from aggregator.app import create_app
 from aggregator.auth import bootstrap_keys
+from aggregator.repositories.reports import ReportsRepository
 from aggregator.settings import Settings
-from aggregator.storage import PartialRow, Storage
+from aggregator.storage import PartialRow
 from shared.mechanisms import Rappor, make_mechanism
 from shared.schemas import MechanismSpec
 from shared.statistics import CountStatistics
@@ -59,13 +60,13 @@ def client(tmp_path: Path) -> Iterator[TestClient]:
     )
     app = create_app(settings)
     environment = {f"LDP_{role.upper()}_KEYS": key for role, key in KEYS.items()}
-    assert bootstrap_keys(app.state.keys, app.state.aggregator.storage, environment) is None
+    assert bootstrap_keys(app.state.keys, app.state.services.repositories.keys, environment) is None
     with TestClient(app) as test_client:
         yield test_client
 
 
-def storage_of(client: TestClient) -> Storage:
-    return client.app.state.aggregator.storage  # type: ignore[attr-defined,no-any-return]
+def storage_of(client: TestClient) -> ReportsRepository:
+    return client.app.state.services.repositories.reports  # type: ignore[attr-defined,no-any-return]
 
 
 def define(client: TestClient, name: str, spec: dict[str, Any]) -> Rappor:

@@ -19,7 +19,7 @@ from sqlalchemy import inspect, update
 from aggregator.repositories.database import SchemaMismatchError
 from aggregator.repositories.reports import PartialRow
 from aggregator.repositories.schema import METRICS_CHANGE, SCHEMA_VERSION, schema_info
-from aggregator.storage import Storage
+from aggregator.storage import Repositories
 from shared.schemas import MechanismSpec, MetricDefinition
 from shared.statistics import CountStatistics
 
@@ -29,9 +29,9 @@ WIDTH = 4
 
 
 @pytest.fixture
-def storage(database_url: str) -> Iterator[Storage]:
-    """A Storage over a fresh database, closed after the test."""
-    store = Storage(database_url)
+def storage(database_url: str) -> Iterator[Repositories]:
+    """The repositories over a fresh database, closed after the test."""
+    store = Repositories.open(database_url)
     yield store
     store.close()
 
@@ -78,8 +78,8 @@ def counting_fold(metric: str = "m", bucket: int = 0) -> Callable[[list[bool]], 
     return fold
 
 
-def total_n(storage: Storage, metric: str = "m", version: int = 1) -> int:
-    return sum(row.n for row in storage.partial_rows(metric, version))
+def total_n(storage: Repositories, metric: str = "m", version: int = 1) -> int:
+    return sum(row.n for row in storage.reports.partial_rows(metric, version))
 
 
 def merged(rows: Sequence[PartialRow]) -> CountStatistics:
@@ -92,27 +92,27 @@ def merged(rows: Sequence[PartialRow]) -> CountStatistics:
 # --- schema ------------------------------------------------------------------------
 
 
-def test_schema_is_created_with_its_version(storage: Storage, database_url: str) -> None:
-    tables = set(inspect(storage.engine).get_table_names())
+def test_schema_is_created_with_its_version(storage: Repositories, database_url: str) -> None:
+    tables = set(inspect(storage.database.engine).get_table_names())
     assert {"schema_info", "metric_versions", "api_keys", "report_ids", "partial_stats"} <= tables
-    with storage.engine.connect() as conn:
+    with storage.database.engine.connect() as conn:
         rows = conn.execute(schema_info.select()).all()
     values = {row.key: row.value for row in rows}
     assert values["schema_version"] == str(SCHEMA_VERSION)
     assert set(values) == {"schema_version", METRICS_CHANGE}
-    storage.ping()
+    storage.database.ping()
     # Opening the same database again finds the schema and changes nothing.
-    again = Storage(database_url)
+    again = Repositories.open(database_url)
     try:
-        assert again.report_count() == 0
-        with again.engine.connect() as conn:
+        assert again.reports.report_count() == 0
+        with again.database.engine.connect() as conn:
             assert conn.execute(schema_info.select()).all() == rows
     finally:
         again.close()
 
 
-def test_a_different_schema_version_is_refused(storage: Storage, database_url: str) -> None:
-    with storage.engine.begin() as conn:
+def test_a_different_schema_version_is_refused(storage: Repositories, database_url: str) -> None:
+    with storage.database.engine.begin() as conn:
         conn.execute(
             update(schema_info)
             .where(schema_info.c.key == "schema_version")
@@ -120,18 +120,18 @@ def test_a_different_schema_version_is_refused(storage: Storage, database_url: s
         )
     storage.close()
     with pytest.raises(SchemaMismatchError, match=f"schema version {SCHEMA_VERSION + 1}"):
-        Storage(database_url)
+        Repositories.open(database_url)
 
 
 # --- metrics -----------------------------------------------------------------------
 
 
-def test_metric_versions(storage: Storage) -> None:
-    first, created = storage.define_metric("m", definition(description="first"))
+def test_metric_versions(storage: Repositories) -> None:
+    first, created = storage.metrics.define_metric("m", definition(description="first"))
     assert created and first.version == 1 and first.description == "first"
 
     # Same spec and labels: the same version, the description updated in place.
-    same, created = storage.define_metric("m", definition(description="reworded"))
+    same, created = storage.metrics.define_metric("m", definition(description="reworded"))
     assert not created and same.version == 1 and same.description == "reworded"
 
     changes = [
@@ -142,12 +142,12 @@ def test_metric_versions(storage: Storage) -> None:
         definition(mechanism="oue", epsilon=2.0, domain_size=4, labels=None),  # domain
     ]
     for expected, changed in enumerate(changes, start=2):
-        metric, created = storage.define_metric("m", changed)
+        metric, created = storage.metrics.define_metric("m", changed)
         assert created and metric.version == expected
         assert metric.mechanism == changed.mechanism and metric.labels == changed.labels
 
-    storage.define_metric("other", definition())
-    listed = storage.metrics()
+    storage.metrics.define_metric("other", definition())
+    listed = storage.metrics.metrics()
     assert [(m.name, m.version) for m in listed] == [("m", v) for v in range(1, 7)] + [("other", 1)]
     # Every old version keeps its own spec.
     assert listed[0].mechanism == definition().mechanism
@@ -155,37 +155,37 @@ def test_metric_versions(storage: Storage) -> None:
     assert listed[1].mechanism.epsilon == 2.0 and listed[1].mechanism.mechanism == "grr"
     assert listed[3].labels == ("x", "y", "z")
     # Going back to an earlier spec is a new version too: versions only ever grow.
-    metric, created = storage.define_metric("m", definition())
+    metric, created = storage.metrics.define_metric("m", definition())
     assert created and metric.version == 7
 
 
 # --- API keys ----------------------------------------------------------------------
 
 
-def test_keys_add_duplicate_and_revoke(storage: Storage) -> None:
-    assert storage.count_keys() == 0
-    assert storage.add_key("k1", "a" * 64, "admin", "first")
-    assert storage.add_key("k2", "b" * 64, "device", "second")
+def test_keys_add_duplicate_and_revoke(storage: Repositories) -> None:
+    assert storage.keys.count_keys() == 0
+    assert storage.keys.add_key("k1", "a" * 64, "admin", "first")
+    assert storage.keys.add_key("k2", "b" * 64, "device", "second")
     # The same hash again (under any id or role) is refused and changes nothing.
-    assert not storage.add_key("k3", "a" * 64, "device", "again")
-    assert storage.count_keys() == 2
-    rows = {row["key_id"]: row for row in storage.keys()}
+    assert not storage.keys.add_key("k3", "a" * 64, "device", "again")
+    assert storage.keys.count_keys() == 2
+    rows = {row["key_id"]: row for row in storage.keys.keys()}
     assert set(rows) == {"k1", "k2"}
     assert rows["k1"]["role"] == "admin" and rows["k1"]["key_hash"] == "a" * 64
     assert rows["k1"]["label"] == "first" and rows["k1"]["revoked_at"] is None
 
-    assert storage.revoke_key("k2")
-    assert not storage.revoke_key("k2")  # already revoked
-    assert not storage.revoke_key("missing")
-    rows = {row["key_id"]: row for row in storage.keys()}
+    assert storage.keys.revoke_key("k2")
+    assert not storage.keys.revoke_key("k2")  # already revoked
+    assert not storage.keys.revoke_key("missing")
+    rows = {row["key_id"]: row for row in storage.keys.keys()}
     assert rows["k2"]["revoked_at"] is not None and rows["k1"]["revoked_at"] is None
-    assert storage.count_keys() == 2  # revoked keys stay on record
+    assert storage.keys.count_keys() == 2  # revoked keys stay on record
 
 
 # --- ingest ------------------------------------------------------------------------
 
 
-def test_ingest_counts_each_id_once(storage: Storage) -> None:
+def test_ingest_counts_each_id_once(storage: Repositories) -> None:
     seen_masks: list[list[bool]] = []
 
     def fold(new: list[bool]) -> list[PartialRow]:
@@ -193,32 +193,32 @@ def test_ingest_counts_each_id_once(storage: Storage) -> None:
         return counting_fold()(new)
 
     first = ids(5)
-    assert storage.ingest(first, fold) == (5, 0)
+    assert storage.reports.ingest(first, fold) == (5, 0)
     assert seen_masks[-1] == [True] * 5
 
     # A retry of the same ids: all duplicates, and the fold is not asked for anything.
     calls = len(seen_masks)
-    assert storage.ingest(first, fold) == (0, 5)
+    assert storage.reports.ingest(first, fold) == (0, 5)
     assert len(seen_masks) == calls
 
     # Overlapping ids in another order: the mask marks exactly the new ones, by position.
     mixed = [ids(1, 7)[0], first[2], ids(1, 5)[0], first[0], ids(1, 6)[0]]
-    assert storage.ingest(mixed, fold) == (3, 2)
+    assert storage.reports.ingest(mixed, fold) == (3, 2)
     assert seen_masks[-1] == [True, False, True, False, True]
 
-    assert storage.report_count() == 8
+    assert storage.reports.report_count() == 8
     assert total_n(storage) == 8
 
 
-def test_a_failing_fold_writes_nothing(storage: Storage) -> None:
-    assert storage.ingest(ids(3), counting_fold()) == (3, 0)
+def test_a_failing_fold_writes_nothing(storage: Repositories) -> None:
+    assert storage.reports.ingest(ids(3), counting_fold()) == (3, 0)
 
     def failing(new: list[bool]) -> list[PartialRow]:
         raise RuntimeError("fold failed")
 
     with pytest.raises(RuntimeError, match="fold failed"):
-        storage.ingest(ids(4, 100), failing)
-    assert storage.report_count() == 3
+        storage.reports.ingest(ids(4, 100), failing)
+    assert storage.reports.report_count() == 3
     assert total_n(storage) == 3
 
     # A fold that fails while writing (a row that cannot be stored) also leaves nothing.
@@ -227,18 +227,18 @@ def test_a_failing_fold_writes_nothing(storage: Storage) -> None:
         return [good, PartialRow("m", 1, 0, 1, None)]  # type: ignore[arg-type]
 
     with pytest.raises(Exception):  # noqa: B017 - whatever the driver raises
-        storage.ingest(ids(4, 100), unstorable)
-    assert storage.report_count() == 3
-    assert len(storage.partial_rows("m", 1)) == 1
+        storage.reports.ingest(ids(4, 100), unstorable)
+    assert storage.reports.report_count() == 3
+    assert len(storage.reports.partial_rows("m", 1)) == 1
 
     # The ids of the failed attempts were not recorded: they are new when sent again.
-    assert storage.ingest(ids(4, 100), counting_fold()) == (4, 0)
-    assert storage.report_count() == 7
+    assert storage.reports.ingest(ids(4, 100), counting_fold()) == (4, 0)
+    assert storage.reports.report_count() == 7
     assert total_n(storage) == 7
 
 
-def test_partial_rows_by_window(storage: Storage) -> None:
-    storage.add_partial_rows(
+def test_partial_rows_by_window(storage: Repositories) -> None:
+    storage.reports.add_partial_rows(
         [
             count_row("m", 1, 0 * HOUR, [1, 0, 0, 0]),
             count_row("m", 1, 1 * HOUR, [0, 2, 0, 0]),
@@ -250,58 +250,58 @@ def test_partial_rows_by_window(storage: Storage) -> None:
     )
 
     def ns(start: int | None, end: int | None) -> list[int]:
-        return sorted(row.n for row in storage.partial_rows("m", 1, start, end))
+        return sorted(row.n for row in storage.reports.partial_rows("m", 1, start, end))
 
     assert ns(None, None) == [1, 2, 3, 4]
     assert ns(HOUR, None) == [2, 3, 4]
     assert ns(None, HOUR) == [1]
     assert ns(HOUR, 2 * HOUR) == [2, 3]
     assert ns(3 * HOUR, None) == []
-    assert [row.n for row in storage.partial_rows("m", 2)] == [5]
-    assert storage.partial_rows("m", 3) == []
-    row = storage.partial_rows("m", 1, 2 * HOUR)[0]
+    assert [row.n for row in storage.reports.partial_rows("m", 2)] == [5]
+    assert storage.reports.partial_rows("m", 3) == []
+    row = storage.reports.partial_rows("m", 1, 2 * HOUR)[0]
     assert (row.metric, row.version, row.bucket) == ("m", 1, 2 * HOUR)
     assert CountStatistics.from_bytes(row.stats) == CountStatistics(4, np.array([0, 0, 0, 4]))
-    assert storage.report_count() == 0  # add_partial_rows records no report ids
+    assert storage.reports.report_count() == 0  # add_partial_rows records no report ids
 
 
 # --- compaction --------------------------------------------------------------------
 
 
-def test_compaction_merges_each_group_into_one_row(storage: Storage) -> None:
+def test_compaction_merges_each_group_into_one_row(storage: Repositories) -> None:
     rng = np.random.default_rng(11)
     groups = [("m", 1, 0), ("m", 1, HOUR), ("m", 2, 0), ("other", 1, 0)]
     added: dict[tuple[str, int, int], list[PartialRow]] = {}
     for group in groups:
         rows = [count_row(*group, rng.integers(0, 50, WIDTH).tolist()) for _ in range(5)]
         added[group] = rows
-        storage.add_partial_rows(rows)
-    storage.add_partial_rows([count_row("single", 1, 0, [1, 1, 1, 1])])
+        storage.reports.add_partial_rows(rows)
+    storage.reports.add_partial_rows([count_row("single", 1, 0, [1, 1, 1, 1])])
 
-    assert sorted(storage.groups_to_compact()) == sorted(groups)
+    assert sorted(storage.reports.groups_to_compact()) == sorted(groups)
     for group in groups:
-        assert storage.compact_group(*group, merge_counts) == 5
+        assert storage.reports.compact_group(*group, merge_counts) == 5
 
-    assert storage.groups_to_compact() == []
+    assert storage.reports.groups_to_compact() == []
     for metric, version, bucket in groups:
-        rows = storage.partial_rows(metric, version, bucket, bucket + HOUR)
+        rows = storage.reports.partial_rows(metric, version, bucket, bucket + HOUR)
         assert len(rows) == 1
         assert rows[0].n == sum(row.n for row in added[(metric, version, bucket)])
         assert merged(rows) == merged(added[(metric, version, bucket)])
     # A group already compacted, or empty, merges nothing further.
-    assert storage.compact_group("m", 1, 0, merge_counts) == 1
-    assert storage.compact_group("none", 1, 0, merge_counts) == 0
-    assert len(storage.partial_rows("single", 1)) == 1
+    assert storage.reports.compact_group("m", 1, 0, merge_counts) == 1
+    assert storage.reports.compact_group("none", 1, 0, merge_counts) == 0
+    assert len(storage.reports.partial_rows("single", 1)) == 1
 
 
-def test_concurrent_compactions_never_double_count(storage: Storage) -> None:
+def test_concurrent_compactions_never_double_count(storage: Repositories) -> None:
     """Two compactors and a writer on one group at once: the merged total is exact."""
     rng = np.random.default_rng(12)
     batches = [
         [count_row("m", 1, 0, rng.integers(0, 20, WIDTH).tolist()) for _ in range(4)]
         for _ in range(30)
     ]
-    storage.add_partial_rows(batches[0])
+    storage.reports.add_partial_rows(batches[0])
     errors: list[BaseException] = []
     start = threading.Barrier(3)
 
@@ -317,11 +317,11 @@ def test_concurrent_compactions_never_double_count(storage: Storage) -> None:
 
     def compactor() -> None:
         for _ in range(15):
-            storage.compact_group("m", 1, 0, merge_counts)
+            storage.reports.compact_group("m", 1, 0, merge_counts)
 
     def writer() -> None:
         for batch in batches[1:]:
-            storage.add_partial_rows(batch)
+            storage.reports.add_partial_rows(batch)
 
     threads = [threading.Thread(target=guarded(f)) for f in (compactor, compactor, writer)]
     for thread in threads:
@@ -331,17 +331,17 @@ def test_concurrent_compactions_never_double_count(storage: Storage) -> None:
     assert errors == []
 
     expected = merged([row for batch in batches for row in batch])
-    assert merged(storage.partial_rows("m", 1)) == expected
+    assert merged(storage.reports.partial_rows("m", 1)) == expected
     assert total_n(storage) == expected.n
-    storage.compact_group("m", 1, 0, merge_counts)
-    rows = storage.partial_rows("m", 1)
+    storage.reports.compact_group("m", 1, 0, merge_counts)
+    rows = storage.reports.partial_rows("m", 1)
     assert len(rows) == 1 and merged(rows) == expected and rows[0].n == expected.n
 
 
 # --- concurrent ingest ---------------------------------------------------------------
 
 
-def test_concurrent_ingest_of_overlapping_ids_counts_each_once(storage: Storage) -> None:
+def test_concurrent_ingest_of_overlapping_ids_counts_each_once(storage: Repositories) -> None:
     """Several threads send overlapping id sets, in batches; every id is counted once."""
     writers, batches, size = 4, 6, 50
     universe = ids(400)
@@ -363,7 +363,7 @@ def test_concurrent_ingest_of_overlapping_ids_counts_each_once(storage: Storage)
         try:
             start.wait()
             for batch in plan:
-                reply = storage.ingest(batch, counting_fold())
+                reply = storage.reports.ingest(batch, counting_fold())
                 with lock:
                     replies.append(reply)
         except BaseException as error:  # noqa: BLE001 - reported by the main thread
@@ -381,7 +381,7 @@ def test_concurrent_ingest_of_overlapping_ids_counts_each_once(storage: Storage)
     assert (
         sum(accepted + duplicates for accepted, duplicates in replies) == writers * batches * size
     )
-    assert storage.report_count() == len(sent)
+    assert storage.reports.report_count() == len(sent)
     assert total_n(storage) == len(sent)
     # The overlap is real: some ids were sent by more than one writer.
     assert len(sent) < writers * batches * size
@@ -390,18 +390,18 @@ def test_concurrent_ingest_of_overlapping_ids_counts_each_once(storage: Storage)
 def test_two_storages_on_one_sqlite_file_take_turns_and_count_each_id_once(
     tmp_path: Path,
 ) -> None:
-    """Two ``Storage`` objects on one SQLite file stand for two worker processes: while
+    """Two sets of repositories on one SQLite file stand for two worker processes: while
     one writes, the other's write waits on the writers' file lock (it does not fail or
     poll), and overlapping batches from both count every id once."""
     path = str(tmp_path / "shared.sqlite3")
-    first, second = Storage(path), Storage(path)
+    first, second = Repositories.open(path), Repositories.open(path)
     try:
         lock = first.database._writers_lock
         assert lock is not None
         finished = threading.Event()
 
         def write_from_second() -> None:
-            second.ingest(ids(10), counting_fold())
+            second.reports.ingest(ids(10), counting_fold())
             finished.set()
 
         with lock:  # as if the other process were committing
@@ -414,7 +414,9 @@ def test_two_storages_on_one_sqlite_file_take_turns_and_count_each_id_once(
         batches = [ids(300, start) for start in (0, 100, 200, 300)]
         replies: list[tuple[int, int]] = []
         threads = [
-            threading.Thread(target=lambda s=s, b=b: replies.append(s.ingest(b, counting_fold())))
+            threading.Thread(
+                target=lambda s=s, b=b: replies.append(s.reports.ingest(b, counting_fold()))
+            )
             for s, b in zip((first, second, first, second), batches, strict=True)
         ]
         for thread in threads:
@@ -422,7 +424,7 @@ def test_two_storages_on_one_sqlite_file_take_turns_and_count_each_id_once(
         for thread in threads:
             thread.join()
         assert sum(accepted for accepted, _ in replies) == 600 - 10
-        assert first.report_count() == second.report_count() == 600
+        assert first.reports.report_count() == second.reports.report_count() == 600
         assert total_n(first) == total_n(second) == 600
     finally:
         first.close()

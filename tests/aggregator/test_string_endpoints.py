@@ -28,7 +28,7 @@ from aggregator.app import create_app
 from aggregator.auth import bootstrap_keys
 from aggregator.demo_data import DEMO_HOURS, DEMO_REPORTS_PER_HOUR, fill_demo_data
 from aggregator.estimates import MAX_HEAVY_HITTERS
-from aggregator.service import Aggregator, InvalidEstimateError
+from aggregator.service import InvalidEstimateError, Services
 from aggregator.settings import Settings
 from shared.mechanisms import make_mechanism
 from shared.mechanisms.strings import OpenStringMechanism
@@ -67,7 +67,7 @@ def client(tmp_path: Path) -> Iterator[TestClient]:
     )
     app = create_app(settings)
     environment = {f"LDP_{role.upper()}_KEYS": key for role, key in KEYS.items()}
-    assert bootstrap_keys(app.state.keys, app.state.aggregator.storage, environment) is None
+    assert bootstrap_keys(app.state.keys, app.state.services.repositories.keys, environment) is None
     with TestClient(app) as test_client:
         yield test_client
 
@@ -220,12 +220,14 @@ def test_bad_candidates_get_problem_documents(client: TestClient) -> None:
     assert "max_length" in problem(too_long, 422, "invalid-request")["detail"]
 
 
+@pytest.mark.slow
 def test_demo_data_fills_string_metrics_with_candidates(tmp_path: Path) -> None:
     """``serve --demo-data``: a string metric's simulated devices hold its labels that fit
     its max_length (Zipf shares); one without labels is left empty. The pem population's
     top label (share 0.57 of the three that fit, 14,400 reports at epsilon 4) is its top
     heavy hitter: the next string's share is 0.27, over 10 estimated sd below."""
-    service = Aggregator(Settings(database=str(tmp_path / "demo.sqlite3")))
+    services = Services.open(Settings(database=str(tmp_path / "demo.sqlite3")))
+    service = services.aggregator
     try:
         labels = {"cms": LABELS, "pem": ["kiwi", "Äpfel", "fig", "plum"], "sfp": None}
         for name, listed in labels.items():
@@ -243,4 +245,4 @@ def test_demo_data_fills_string_metrics_with_candidates(tmp_path: Path) -> None:
         hitters = service.heavy_hitters("pem", 1)["heavy_hitters"]
         assert isinstance(hitters, list) and [item["string"] for item in hitters] == ["kiwi"]
     finally:
-        service.close()
+        services.close()

@@ -152,6 +152,7 @@ def test_a_silent_connection_is_shut_down_and_its_waiter_freed(
         watchdog.close()
 
 
+@pytest.mark.slow
 def test_a_connection_that_keeps_receiving_is_left_alone(
     tcp_pair: tuple[socket.socket, socket.socket],
 ) -> None:

@@ -193,6 +193,7 @@ def report_session(theme: str, minutes: float) -> None:
 '''
 
 
+@pytest.mark.slow
 def test_readme_example(
     aggregator: Any,
     tmp_path: Path,

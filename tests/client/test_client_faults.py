@@ -36,6 +36,7 @@ FAST_RETRY = RetryPolicy(base=0.02, cap=0.3)
 # --- the aggregator down at start ---------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_aggregator_down_at_start(make_aggregator: Callable[..., Any], tmp_path: Path) -> None:
     """A device that has seen the specs records while the aggregator is down: the reports
     wait in the outbox, across an app restart, and all arrive once it is up. A device that
@@ -261,6 +262,7 @@ def report_ids(exchange: Exchange) -> list[str]:
 
 
 @pytest.mark.parametrize("status", [429, 503])
+@pytest.mark.slow
 def test_retry_after_honoured_same_reports_no_raw_values(
     status: int, aggregator: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SERVER_SIDE = ("fastapi", "sqlalchemy", "scipy", "uvicorn", "starlette")
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,14 +81,17 @@ def _server_side_modules(code: str) -> list[str]:
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_importing_the_client_imports_no_server_side_library() -> None:
     assert _server_side_modules(_IMPORT_ONLY) == []
 
 
+@pytest.mark.slow
 def test_recording_with_every_mechanism_imports_no_server_side_library() -> None:
     assert _server_side_modules(_IN_USE) == []
 
 
+@pytest.mark.slow
 def test_the_check_sees_a_server_side_import() -> None:
     """The probe itself works: it does report a library that was imported."""
     assert _server_side_modules("import client, starlette\n" + _REPORT) == ["starlette"]
@@ -128,6 +133,7 @@ assert result.uploaded and len(uploads) == 1
 )
 
 
+@pytest.mark.slow
 def test_federated_training_imports_no_server_side_library() -> None:
     """Training, clipping, noising and uploading a federated update stays light too."""
     assert _server_side_modules(_FEDERATED_IN_USE) == []

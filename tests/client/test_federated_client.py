@@ -70,6 +70,7 @@ def status(aggregator: Any, name: str) -> dict[str, Any]:
     return dict(response.json())
 
 
+@pytest.mark.slow
 def test_a_small_task_trains_over_http(service: Any) -> None:
     """12 devices, 6 rounds of central DP-FedAvg at epsilon 8: the model the server holds
     classifies a held-out set far better than the untrained model (all-zero weights
@@ -98,6 +99,7 @@ def test_a_small_task_trains_over_http(service: Any) -> None:
         device.close()
 
 
+@pytest.mark.slow
 def test_run_follows_rounds_until_the_task_finishes(service: Any) -> None:
     """One device alone with rounds of one: ``run`` takes part in each until completed."""
     create(service, "solo", rounds=3, population=1, clients_per_round=1)
@@ -109,6 +111,7 @@ def test_run_follows_rounds_until_the_task_finishes(service: Any) -> None:
     assert status(service, "solo")["state"] == "completed"
 
 
+@pytest.mark.slow
 def test_a_restarted_round_is_decided_again(service: Any) -> None:
     """q = 10^-6 (no noise: nothing to calibrate): nobody takes part, so the round is
     restarted at each deadline (0.5 s);
@@ -167,6 +170,7 @@ def test_a_local_task_is_charged_on_the_device_as_on_the_server(
         assert again.epsilon_spent() == spent
 
 
+@pytest.mark.slow
 def test_an_upload_is_charged_before_it_is_sent(aggregator: Any, tmp_path: Path) -> None:
     """The aggregator dies between the round and the upload: the upload is lost, its
     epsilon is not (a crash loses budget, never spends it twice)."""

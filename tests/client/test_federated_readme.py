@@ -98,6 +98,7 @@ def test_readme_shows_the_federated_example() -> None:
     )
 
 
+@pytest.mark.slow
 def test_readme_federated_example(
     service: Server,
     tmp_path: Path,
@@ -141,6 +142,7 @@ def test_readme_federated_example(
     assert (tmp_path / ".local" / "state" / "my-app" / "federated").is_dir()
 
 
+@pytest.mark.slow
 def test_run_reports_restarted_rounds(service: Server, caplog: pytest.LogCaptureFixture) -> None:
     """A round nobody takes part in (q = 10^-6) is restarted at each deadline (0.5 s):
     ``run`` hands every decision to ``on_round`` as it is made (the same ones it

@@ -621,6 +621,7 @@ Path(out).write_text(json.dumps(done))
 """
 
 
+@pytest.mark.slow
 def test_two_processes_never_exceed_the_caps_together(tmp_path: Path) -> None:
     limits = {
         "per_metric_per_period": 0.3,
@@ -775,6 +776,7 @@ _PROPERTY_SETTINGS = settings(
 
 @_PROPERTY_SETTINGS
 @given(st.lists(st.one_of(_debit, _debit, _debit, _clock, _crash, _restart), max_size=40))
+@pytest.mark.slow
 def test_caps_hold_over_random_histories(operations: list[tuple]) -> None:
     _check_history(operations)
 
@@ -787,6 +789,7 @@ def test_caps_hold_over_random_histories(operations: list[tuple]) -> None:
         max_size=40,
     )
 )
+@pytest.mark.slow
 def test_caps_hold_over_random_histories_that_read_the_budget(operations: list[tuple]) -> None:
     """As above, with the app reading ``budget()`` now and then (which records the time it
     read on disk)."""

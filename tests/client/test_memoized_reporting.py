@@ -443,6 +443,7 @@ def queued_times(state_dir: Path) -> list[str]:
         outbox.close()
 
 
+@pytest.mark.slow
 def test_kill_nine_between_charge_and_report_never_under_charges(
     open_client: Callable[..., TelemetryClient], state_root: Path
 ) -> None:
@@ -489,6 +490,7 @@ def device_memo(state_dir: Path, metric: str, size: int = 1) -> KeyedMemo:
     return KeyedMemo(secret, spec_scope(spec_hash(served_spec(metric))), size)
 
 
+@pytest.mark.slow
 def test_same_value_same_permanent_response_across_restarts_and_processes(
     open_client: Callable[..., TelemetryClient], fake: FakeAggregator, state_root: Path
 ) -> None:

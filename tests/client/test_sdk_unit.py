@@ -525,6 +525,7 @@ sys.exit(0)
 """
 
 
+@pytest.mark.slow
 def test_a_client_in_another_process_fails_at_once(fake: FakeAggregator, tmp_path: Path) -> None:
     first = fake.client(tmp_path)
     try:

@@ -225,6 +225,7 @@ def test_strings_are_estimated_and_discovered_end_to_end(aggregator: Any, state_
         assert groups_of(transport.reports, PEM) == groups_of(device["reports"], PEM)
 
 
+@pytest.mark.slow
 def test_bad_strings_are_refused_before_anything_is_spent(aggregator: Any, tmp_path: Path) -> None:
     aggregator.define(PEM, {"mechanism": SPECS[PEM]})
     aggregator.define(CMS, {"mechanism": SPECS[CMS]})

@@ -39,6 +39,7 @@ def test_reference_epsilon_rdp() -> None:
     assert abs(eps - 1.712) < 2e-3  # measured 1.71177
 
 
+@pytest.mark.slow
 def test_reference_epsilon_pld() -> None:
     eps = gaussian_epsilon(1.1, 0.01, 1000, DELTA, method="pld")
     assert abs(eps - 1.515) < 2e-3  # measured 1.51537 (default grid 1e-4)
@@ -53,11 +54,13 @@ def test_reference_epsilon_pld_coarse_grid_still_matches() -> None:
     assert eps >= 1.5153
 
 
+@pytest.mark.slow
 def test_reference_calibration_rdp() -> None:
     z = calibrate_noise_multiplier(3.0, 0.01, 1000, DELTA, method="rdp")
     assert abs(z - 0.865) < 2e-3  # measured 0.86461
 
 
+@pytest.mark.slow
 def test_reference_calibration_pld() -> None:
     z = calibrate_noise_multiplier(
         3.0, 0.01, 1000, DELTA, method="pld", value_discretization_interval=FAST_PLD
@@ -93,6 +96,7 @@ def _analytic_gaussian_delta(eps: float, sigma: float) -> float:
     )
 
 
+@pytest.mark.slow
 def test_unsampled_pld_matches_analytic_gaussian() -> None:
     # q = 1: T Gaussian rounds with multiplier z equal one Gaussian with sigma = z / sqrt(T).
     z, steps = 2.0, 50
@@ -101,6 +105,7 @@ def test_unsampled_pld_matches_analytic_gaussian() -> None:
     assert _analytic_gaussian_delta(eps, sigma) == pytest.approx(DELTA, rel=1e-3)
 
 
+@pytest.mark.slow
 def test_unsampled_rdp_is_upper_bound_of_exact() -> None:
     z, steps = 2.0, 50
     exact = gaussian_epsilon(z, 1.0, steps, DELTA, method="pld")
@@ -139,6 +144,7 @@ def test_more_steps_more_epsilon(method: AccountingMethod, kwargs: dict[str, Any
 
 
 @pytest.mark.parametrize(("method", "kwargs"), METHOD_KWARGS)
+@pytest.mark.slow
 def test_higher_sample_rate_more_epsilon(method: AccountingMethod, kwargs: dict[str, Any]) -> None:
     eps = [gaussian_epsilon(1.0, q, 100, DELTA, method, **kwargs) for q in (0.001, 0.01, 0.1, 1.0)]
     assert all(a < b for a, b in zip(eps, eps[1:], strict=False)), eps
@@ -146,6 +152,7 @@ def test_higher_sample_rate_more_epsilon(method: AccountingMethod, kwargs: dict[
 
 @pytest.mark.parametrize(("method", "kwargs"), METHOD_KWARGS)
 @pytest.mark.parametrize(("target", "q", "steps"), [(1.0, 0.02, 200), (4.0, 0.05, 50)])
+@pytest.mark.slow
 def test_calibration_round_trip(
     method: AccountingMethod, kwargs: dict[str, Any], target: float, q: float, steps: int
 ) -> None:
@@ -160,6 +167,7 @@ def test_calibration_round_trip(
     assert gaussian_epsilon(z - 10 * tol, q, steps, DELTA, method, **kwargs) > target
 
 
+@pytest.mark.slow
 def test_calibration_tighter_target_needs_more_noise() -> None:
     zs = [calibrate_noise_multiplier(e, 0.01, 100, DELTA, "rdp") for e in (0.5, 1.0, 2.0, 8.0)]
     assert all(a > b for a, b in zip(zs, zs[1:], strict=False)), zs
@@ -297,6 +305,7 @@ def test_pld_grid_is_bounded_over_the_extremes(z: float, q: float, steps: int) -
     assert _pld_points(z, q, steps, 1e-3) <= MAX_PLD_POINTS
 
 
+@pytest.mark.slow
 def test_coarsened_pld_stays_an_upper_bound() -> None:
     """Where the interval is coarsened, epsilon is never below the value on a grid twice as
     fine (both pessimistic upper bounds), within 1% of it, and below the RDP bound."""
@@ -321,6 +330,7 @@ def test_previously_slow_configurations_answer() -> None:
     ("target", "q", "steps", "delta"),
     [(1e-3, 1e-12, 10_000, 1e-30), (20.0, 1e-12, 10_000, 1e-5), (20.0, 1e-3, 10_000, 1e-12)],
 )
+@pytest.mark.slow
 def test_calibration_work_is_bounded(
     monkeypatch: pytest.MonkeyPatch, target: float, q: float, steps: int, delta: float
 ) -> None:
@@ -426,6 +436,7 @@ def test_discrete_epsilon_is_never_below_the_continuous_figures(
     assert accounting.discrete_gaussian_releases_epsilon(releases, DELTA) == discrete
 
 
+@pytest.mark.slow
 def test_discrete_calibration_meets_the_target_and_needs_more_noise() -> None:
     z = calibrate_noise_multiplier(2.0, 0.01, 1000, DELTA, mechanism="discrete_gaussian")
     assert gaussian_epsilon(z, 0.01, 1000, DELTA, mechanism="discrete_gaussian") <= 2.0

@@ -55,6 +55,7 @@ def test_matches_reference(rows: int, bits: int, density: float, block: int, see
 
 
 @pytest.mark.parametrize(("rows", "bits"), [(50_003, 1000), (262_147, 16), (3_001, 16_384)])
+@pytest.mark.slow
 def test_matches_reference_at_scale(rows: int, bits: int) -> None:
     """Default blocks, many blocks: an odd number of pairs, waiting carries and a tail."""
     packed = random_packed(np.random.default_rng([rows, bits]), rows, bits, 0.3)

@@ -460,6 +460,7 @@ def test_fast_path_estimates_are_unbiased_with_the_derived_variance(
     check_estimates(mech, np.array([e.frequencies for e in estimates]), user_counts, 2 * d)
 
 
+@pytest.mark.slow
 def test_memoized_devices_estimate_each_period_unbiasedly() -> None:
     """R independent populations (one simulated memo, device ids r n + i) report over
     three periods; between periods a fixed part of the devices changes value, the others

@@ -109,6 +109,7 @@ def test_every_integer_can_be_drawn() -> None:
 @pytest.mark.parametrize(
     "gamma", [Fraction(0), Fraction(3, 10), Fraction(1), Fraction(11, 4), Fraction(19, 2)]
 )
+@pytest.mark.slow
 def test_the_acceptance_trial_is_exactly_exp_minus_gamma(gamma: Fraction) -> None:
     """Bernoulli(exp(-gamma)) with gamma = n / D written over a 93-bit denominator (the
     big-integer path of large variances): a binomial test at ALPHA, 400,000 trials (2

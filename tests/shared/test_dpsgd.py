@@ -287,6 +287,7 @@ def test_the_fallback_trains_exactly_as_the_vectorized_path() -> None:
     np.testing.assert_allclose(slow, fast, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_digits_at_epsilon_3_reaches_the_benchmarked_accuracy() -> None:
     """Logistic regression on the bundled digits (80% train), expected batch 64 (q = 1/23),
     20 epochs, C = 1, lr = 1, sigma calibrated for (3, 1e-5) by RDP (1.63; looser than

@@ -256,6 +256,7 @@ def unbiasedness_statistic(runs: CategoricalRuns, frequencies: np.ndarray) -> np
 
 
 @pytest.mark.parametrize("case", CATEGORICAL_CASES, ids=lambda c: c.id)
+@pytest.mark.slow
 def test_frequency_estimates_are_unbiased(case: CategoricalCase) -> None:
     runs = categorical_runs(case)
     z = z_bonferroni(ALPHA, case.domain_size)  # 1e-6 over the d categories
@@ -559,6 +560,7 @@ def numeric_runs(case: NumericCase) -> NumericRuns:
 
 
 @pytest.mark.parametrize("case", NUMERIC_CASES, ids=lambda c: c.id)
+@pytest.mark.slow
 def test_mean_is_unbiased_for_the_clipped_mean(case: NumericCase) -> None:
     runs = numeric_runs(case)
     assert np.any(runs.population < case.lower) and np.any(runs.population > case.upper)
@@ -705,6 +707,7 @@ def test_every_numeric_mechanism_has_a_closed_form() -> None:
 
 
 @pytest.mark.parametrize("case", NUMERIC_CASES, ids=lambda c: c.id)
+@pytest.mark.slow
 def test_report_variance_is_the_closed_form(case: NumericCase) -> None:
     mech = case.mechanism()
     x = dense_inputs(case)
@@ -857,6 +860,7 @@ def test_every_string_mechanism_has_cases() -> None:
 
 
 @pytest.mark.parametrize("case", STRING_CASES, ids=lambda c: c.id)
+@pytest.mark.slow
 def test_bloom_counts_are_unbiased(case: StringCase) -> None:
     runs = string_runs(case)
     cells = runs.truth.size
@@ -873,6 +877,7 @@ def test_bloom_counts_are_unbiased(case: StringCase) -> None:
 
 
 @pytest.mark.parametrize("case", STRING_CASES, ids=lambda c: c.id)
+@pytest.mark.slow
 def test_bloom_count_variance_matches_formula(case: StringCase) -> None:
     runs = string_runs(case)
     p_star, q_star = runs.mech.p_star, runs.mech.q_star

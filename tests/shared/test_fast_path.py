@@ -82,6 +82,7 @@ MECHANISMS = [
 
 
 @pytest.mark.parametrize(("name", "epsilon"), MECHANISMS, ids=[f"{n}-{e:g}" for n, e in MECHANISMS])
+@pytest.mark.slow
 def test_exact_and_fast_paths_follow_the_same_law(name: str, epsilon: float) -> None:
     mech = make_mechanism(MechanismSpec(mechanism=name, epsilon=epsilon, domain_size=COUNTS.size))
     assert isinstance(mech, CategoricalMechanism)
@@ -153,6 +154,7 @@ def _numeric(name: str, epsilon: float) -> NumericMechanism:
 
 
 @pytest.mark.parametrize(("name", "epsilon"), NUMERIC, ids=[f"{n}-{e:g}" for n, e in NUMERIC])
+@pytest.mark.slow
 def test_report_central_moments_match_the_reports(name: str, epsilon: float) -> None:
     """m2 is ``report_variance``; m3 and m4 agree with 400,000 encoded reports per level
     (sample moments within 6 plug-in standard errors: false-failure ~1e-8 each)."""

@@ -277,6 +277,7 @@ def test_central_noise_is_added_once_with_a_fixed_denominator() -> None:
     assert abs(outcome.mean_update[0] - 30 / 40) < 6 * std  # 30 clipped ones over q W = 40
 
 
+@pytest.mark.slow
 def test_private_uploads_never_exceed_the_norm_bound() -> None:
     config = DPConfig("local", clip_norm=0.7, noise_multiplier=2.0, expected_clients=10)
     rng = np.random.default_rng(11)
@@ -366,6 +367,7 @@ def test_central_mode_clips_hostile_unclipped_bits(hostile: float) -> None:
     assert outcome.clip_norm == pytest.approx(adaptive.next_clip_norm(1.0, (clipped + 2.0) / 3.0))
 
 
+@pytest.mark.slow
 def test_distributed_unclipped_range_holds_honest_bits_and_bounds_hostile_ones() -> None:
     """Honest noisy bits lie in [-t s, 1 + t s] (each leaves it with probability below
     exp(-50), so 2,000 draws all inside fail with probability below 1e-18), and carry
@@ -403,6 +405,7 @@ def test_adaptive_clipping_needs_room_in_the_noise_split() -> None:
 
 
 @pytest.mark.parametrize("method", ["rdp", "pld"])
+@pytest.mark.slow
 def test_rounds_accountant_matches_dp_accounting_directly(method: AccountingMethod) -> None:
     import dp_accounting
     from dp_accounting import pld, rdp
@@ -437,6 +440,7 @@ def test_rounds_accountant_reference_figure() -> None:
     assert GaussianRoundsAccountant(0.01, 1e-5).epsilon() == 0.0
 
 
+@pytest.mark.slow
 def test_local_mode_calibration_is_per_upload_at_half_the_multiplier() -> None:
     config = TaskConfig(
         model=ModelSpec(kind="logistic", num_features=2, num_classes=2),

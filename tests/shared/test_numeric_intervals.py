@@ -265,6 +265,7 @@ def covers(interval: tuple[float, float], target: float) -> bool:
 
 
 @pytest.mark.parametrize(("name", "epsilon"), CASES)
+@pytest.mark.slow
 def test_std_interval_covers_the_users_own_mean(name: str, epsilon: float) -> None:
     """95% (laplace, piecewise) or at least 95% (duchi, whose std is an upper bound)."""
     covered = coverage(name, epsilon).users
@@ -277,6 +278,7 @@ def test_std_interval_covers_the_users_own_mean(name: str, epsilon: float) -> No
 
 
 @pytest.mark.parametrize(("name", "epsilon"), CASES)
+@pytest.mark.slow
 def test_population_interval_covers_the_population_mean(name: str, epsilon: float) -> None:
     covered = coverage(name, epsilon).population
     low, high = binomial_bounds(RUNS, LEVEL)
@@ -286,6 +288,7 @@ def test_population_interval_covers_the_population_mean(name: str, epsilon: floa
 
 
 @pytest.mark.parametrize("name", ["laplace", "piecewise"])
+@pytest.mark.slow
 def test_std_interval_coverage_through_encode(name: str) -> None:
     """The users' interval at epsilon 8 (where the spread of the values dominates the
     population interval) with every report encoded: 95% of R = 1000 runs of n = 2000."""

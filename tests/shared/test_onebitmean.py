@@ -532,6 +532,7 @@ def test_report_variance_is_duchis_at_epsilon_report() -> None:
 
 
 @pytest.mark.parametrize("flip", [None, 0.2])
+@pytest.mark.slow
 def test_periods_are_unbiased_with_devices_memoized_across_them(flip: float | None) -> None:
     """R = 1,000 independent populations of n = 1,000 devices, each reporting 3 periods
     through encode + aggregate with its memo kept across periods; values drift (a tenth of
@@ -573,6 +574,7 @@ COVERAGE_SHARES = np.array([0.1, 0.15, 0.2, 0.15, 0.15, 0.1, 0.1, 0.05])
 
 
 @pytest.mark.parametrize(("epsilon", "flip"), [(0.5, None), (2.0, None), (8.0, None), (2.0, 0.25)])
+@pytest.mark.slow
 def test_intervals_cover(epsilon: float, flip: float | None) -> None:
     """4,000 runs of 20,000 users drawn from a fixed population (exact fast path): ``ci``
     covers the users' own clipped mean at least 95% of the time (``std`` is Duchi's upper

@@ -304,6 +304,7 @@ def test_prefixes_extended_byte_by_byte_are_the_completable_ones() -> None:
         assert pairs.tolist() == kept.tolist()
 
 
+@pytest.mark.slow
 def test_partial_prefixes_are_kept_exactly_when_completable() -> None:
     for max_length in (2, 4):
         for size in (1, 2):
@@ -482,6 +483,7 @@ def test_given_the_hash_the_mean_is_the_exact_conditional_expectation() -> None:
     assert abs(offset) > 10 * spread  # the realized collisions matter, and are accounted for
 
 
+@pytest.mark.slow
 def test_over_fresh_hashes_the_estimate_is_unbiased_with_the_documented_variance() -> None:
     """Fresh random strings in every trial are a fresh draw of the hash (random-function
     model): the estimate of the 5% string is unbiased, and its variance is the three terms
@@ -527,6 +529,7 @@ def test_over_fresh_hashes_the_estimate_is_unbiased_with_the_documented_variance
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_discovery_finds_the_zipf_top_10_at_epsilon_4() -> None:
     """10^6 users, 10^4 distinct words of 1..6 letters, Zipf(1.1) by rank."""
     mech = build(4.0, 6)
@@ -544,6 +547,7 @@ def test_discovery_finds_the_zipf_top_10_at_epsilon_4() -> None:
     assert np.all(np.abs(found.frequencies - own) <= z_two_sided(ALPHA / 10) * found.std)
 
 
+@pytest.mark.slow
 def test_a_query_for_the_most_strings_is_screened_and_bounded(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -208,6 +208,7 @@ def test_registry_names() -> None:
 @pytest.mark.parametrize("name", NAMES)
 @given(data=st.data())
 @FAST
+@pytest.mark.slow
 def test_merge_is_associative_commutative_and_equals_union(name: str, data: st.DataObject) -> None:
     mech = data.draw(mechanisms(name))
     parts = [encode(mech, data.draw(values_for(mech)), data.draw(seeds)) for _ in range(3)]
@@ -481,6 +482,7 @@ def malformed_payloads(mech: Mechanism[Any, Any], valid: dict[str, Any]) -> list
 @pytest.mark.parametrize("name", NAMES)
 @given(data=st.data())
 @settings(max_examples=60, deadline=None)
+@pytest.mark.slow
 def test_malformed_payload_is_refused_naming_its_position(name: str, data: st.DataObject) -> None:
     mech = data.draw(mechanisms(name))
     reports = encode(mech, data.draw(values_for(mech, min_size=1)), data.draw(seeds))

@@ -479,6 +479,7 @@ def test_bernoulli_bits_frequencies(make_source: SourceFactory, p: float) -> Non
 
 
 @pytest.mark.parametrize("p", [1e-3, 0.27, 0.5])
+@pytest.mark.slow
 def test_bernoulli_bits_small_matrices_frequencies(make_source: SourceFactory, p: float) -> None:
     """One-row matrices (the direct draw, one U per bit) stacked over 20,000 calls: each of
     the 130 positions and the total are Binomial at exact_probability(p) (131 tests, each at

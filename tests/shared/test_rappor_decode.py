@@ -95,6 +95,7 @@ def z_two_sided(alpha: float, tests: int) -> float:
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_estimates_are_unbiased_with_the_reported_std() -> None:
     estimates, truths = calibration_runs()
     frequencies = np.array([est.frequencies for est in estimates])
@@ -140,6 +141,7 @@ def test_explained_mass_and_intervals() -> None:
     assert np.all((lo <= covered) & (covered <= hi)), covered
 
 
+@pytest.mark.slow
 def test_recovers_the_distribution_through_the_device_path() -> None:
     """Real devices: encode (fresh secrets, cohorts from them) -> aggregate -> decode with 60
     decoys. Every true string is detected and within 5.3 std of its share (1e-6 over six),
@@ -194,6 +196,7 @@ def decoy_runs() -> tuple[list[RapporEstimate], list[RapporEstimate]]:
     return bonferroni, bh
 
 
+@pytest.mark.slow
 def test_bonferroni_bounds_the_runs_with_any_false_positive() -> None:
     runs = decoy_runs()[0]
     with_false_positive = sum(int(est.detected[6:].any()) for est in runs)
@@ -205,6 +208,7 @@ def test_bonferroni_bounds_the_runs_with_any_false_positive() -> None:
     assert 0.35 <= positive <= 0.65
 
 
+@pytest.mark.slow
 def test_benjamini_hochberg_detects_a_superset_at_a_bounded_false_discovery_rate() -> None:
     bonferroni, bh = decoy_runs()
     for strict, loose in zip(bonferroni, bh, strict=True):
@@ -253,6 +257,7 @@ def test_no_correction_tests_each_candidate_at_alpha() -> None:
     )
 
 
+@pytest.mark.slow
 def test_a_string_at_its_detection_threshold_is_found_half_the_time() -> None:
     """smallest_detectable_frequency is where detection has probability 1/2."""
     mech = rappor(k=128, h=2, m=16)
@@ -438,6 +443,7 @@ def test_wide_bloom_filters_decode(k: int, h: int, m: int) -> None:
     assert np.all(np.abs(est.frequencies[:6] - truth) <= z_two_sided(ALPHA, 6) * est.std[:6])
 
 
+@pytest.mark.slow
 def test_reports_from_a_single_cohort_decode_without_error() -> None:
     """When every report sits in one cohort, candidates can share their only Bloom bit
     there: their columns are equal and the fit must still succeed, splitting the mass

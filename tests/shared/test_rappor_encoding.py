@@ -262,6 +262,7 @@ def test_irr_is_fresh_with_probabilities_q_and_p() -> None:
 @pytest.mark.parametrize(
     ("k", "h", "f", "p", "q"), [(4, 2, 0.5, 0.25, 0.75), (5, 1, 0.3, 0.5, 0.75)]
 )
+@pytest.mark.slow
 def test_reports_of_fresh_devices_follow_the_transition_matrix(
     k: int, h: int, f: float, p: float, q: float
 ) -> None:

@@ -429,6 +429,7 @@ def zipf_statistics(mech: Any, label: str) -> tuple[list[str], np.ndarray, Count
     return strings, counts, mech.simulate_statistics(strings, counts, rng)
 
 
+@pytest.mark.slow
 def test_discovery_finds_the_zipf_top_10_at_epsilon_4() -> None:
     """Recall >= 0.9 is the filed target: the estimates of the 10th and 11th strings are
     about one std apart, so one swap at the cut is common (7 of 30 seeds) and two are rare
@@ -449,6 +450,7 @@ def test_discovery_finds_the_zipf_top_10_at_epsilon_4() -> None:
     assert np.all(np.abs(hitters.frequencies - truth) <= z * hitters.std)
 
 
+@pytest.mark.slow
 def test_peeling_finds_the_top_fragments_behind_heavy_collisions() -> None:
     """m = 256, k = 8: a key shares the heaviest key's column (15% of the reports) in some
     row with probability 1 - (255/256)^8 = 3%, so about 5 * 10^5 keys of a position carry a
@@ -486,6 +488,7 @@ def crossed_pair() -> tuple[str, str, str]:
     raise AssertionError("no crossed pair among the words")
 
 
+@pytest.mark.slow
 def test_a_string_assembled_across_two_is_refused_by_the_whole_string_check(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -519,6 +519,7 @@ def assert_variance(sample: np.ndarray, variance: float) -> None:
 
 
 @pytest.mark.parametrize(("name", "epsilon", "depth", "width", "counts"), ESTIMATOR_CASES)
+@pytest.mark.slow
 def test_estimates_are_unbiased_with_the_stated_variance(
     name: str, epsilon: float, depth: int, width: int, counts: tuple[int, ...]
 ) -> None:

@@ -125,6 +125,7 @@ def test_numeric_sweep_is_unbiased() -> None:
             assert 0.3 < row["ratio"] < 2.0, row
 
 
+@pytest.mark.slow
 def test_local_dask_cluster_gives_the_same_results() -> None:
     """A real dask.distributed LocalCluster of 2 worker processes, exact path with
     shards: the results equal the in-process run's for the same seed."""

@@ -68,6 +68,7 @@ from simulations.audit_metric import (
     sweep_spec,
 )
 from simulations.cli import build_parser, main
+from simulations.commands import audit as audit_command
 from simulations.text import shown
 
 ALPHA = 1e-6
@@ -100,6 +101,7 @@ def planned(attack: Attack) -> int:
 
 @pytest.mark.parametrize("epsilon", EPSILONS)
 @pytest.mark.parametrize("name", EVERY)
+@pytest.mark.slow
 def test_every_mechanism_keeps_its_promise_and_tight_audits_come_close(
     name: str, epsilon: float
 ) -> None:
@@ -454,7 +456,7 @@ def test_a_violation_exits_with_status_one(
     def audit_broken(metric: Any, **options: Any) -> list[AuditResult]:
         return [AuditResult(metric.name, "oue", attack, 5000, hits, 0.05, bound, "batch", 0.1)]
 
-    monkeypatch.setattr(audit, "audit_metric", audit_broken)
+    monkeypatch.setattr(audit_command, "audit_metric", audit_broken)
     assert main(["audit", "metric", "--mechanisms", "oue", "--epsilons", "1", "--quiet"]) == 1
     assert "does not keep its privacy promise" in capsys.readouterr().err
 
@@ -465,7 +467,7 @@ def test_a_violation_exits_with_status_one(
         (["--metric", "x"], "--metric needs --config or --endpoint"),
         (["--config", "/nonexistent/metrics.toml"], "cannot read metric config"),
         (["--mechanisms", "nope"], "unknown mechanism 'nope'"),
-        (["--alpha", "2"], "not a number in (0, 1)"),
+        (["--alpha", "2"], "not a probability in (0, 1)"),
         (["--endpoint", "http://127.0.0.1:9"], "could not read the metrics"),
     ],
 )

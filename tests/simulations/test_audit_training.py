@@ -29,7 +29,6 @@ from shared.federated.models import Model
 from shared.federated.privacy import PRIVACY_MODES, PrivateAggregation, RoundOutcome, clip_rows
 from shared.federated.task import TaskConfig, local_update
 from shared.randomness import RandomSource, Rng
-from simulations.audit import TRAINING_MODES
 from simulations.audit_training import (
     MODE_AUDITS,
     CanaryRound,
@@ -39,6 +38,7 @@ from simulations.audit_training import (
     audit_one_run,
 )
 from simulations.cli import main
+from simulations.commands.audit import TRAINING_MODES
 
 ALPHA = 1e-6
 OTHERS = 3
@@ -142,6 +142,7 @@ def test_a_central_round_keeps_its_accounted_epsilon() -> None:
     assert not result.violation
 
 
+@pytest.mark.slow
 def test_a_central_round_without_its_noise_is_caught() -> None:
     round_ = CanaryRound(task("central", 2.0), others(16), WithoutNoise)
     result = audit_many_runs(round_, 3000, 1500, ALPHA, np.random.default_rng(2))

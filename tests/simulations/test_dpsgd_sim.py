@@ -40,6 +40,7 @@ def test_a_run_spends_its_target_and_learns() -> None:
     assert baseline.config.noise_multiplier == 0 and math.isinf(baseline.epsilon_spent)
 
 
+@pytest.mark.slow
 def test_cli_writes_results_epochs_and_plot(tmp_path: Path) -> None:
     out = tmp_path / "dpsgd"
     status = main([
@@ -69,7 +70,7 @@ def test_cli_writes_results_epochs_and_plot(tmp_path: Path) -> None:
         (["--delta", "2"], "--delta must lie in (0, 1)"),
         (["--epochs", "0"], "is not an integer >= 1"),
         (["--learning-rate", "nan"], "is not a number > 0"),
-        (["--models", "cnn"], "unknown value 'cnn'"),
+        (["--models", "cnn"], "unknown model 'cnn'"),
     ],
 )
 def test_bad_arguments_say_what_is_wrong(

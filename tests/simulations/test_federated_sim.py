@@ -74,6 +74,7 @@ def test_non_private_fedavg_learns_digits() -> None:
     assert math.isinf(run.epsilon_spent)
 
 
+@pytest.mark.slow
 def test_cli_writes_results_rounds_and_plot(tmp_path: Path) -> None:
     """The command's entry point in this process (``test_cli_over_http`` runs it as a
     program), so that its runs share the module's calibrations."""
@@ -113,6 +114,7 @@ def test_cli_over_http(tmp_path: Path) -> None:
     assert 0.0 <= float(row["final_accuracy"]) <= 1.0
 
 
+@pytest.mark.slow
 def test_cli_over_http_without_noise_when_every_client_joins(tmp_path: Path) -> None:
     """Local mode at epsilon inf: no noise, so an upload's norm bound is the clip norm itself,
     which float clipping may pass by an ulp (the service allows rounding); and with every

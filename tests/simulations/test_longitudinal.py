@@ -58,7 +58,7 @@ def test_command_writes_results_and_plot(
     )  # fmt: skip
     assert code == 0
     printed = capsys.readouterr().out
-    assert "adversary_bound" in printed and "longitudinal.png" in printed
+    assert "adversary_threshold" in printed and "longitudinal.png" in printed
     rows = read_rows(out / "results.csv")
     assert [row["mechanism"] for row in rows] == list(EVERY)
     assert list(rows[0]) == RESULT_COLUMNS
@@ -70,7 +70,7 @@ def test_command_writes_results_and_plot(
         assert float(row["variance"]) > 0 and float(row["mse"]) > 0
         assert (row["adversary_memoized"] == "nan") != memoized
     periods = read_rows(out / "periods.csv")
-    assert list(periods[0]) == ["mechanism", "period", "mse", "variance", "ratio"]
+    assert list(periods[0]) == ["mechanism", "period", "mse", "variance", "ratio", "ratio_se"]
     assert len(periods) == len(EVERY) * 4
     lifetime = read_rows(out / "lifetime.csv")
     assert list(lifetime[0]) == ["mechanism", "distinct_keys", "lifetime_epsilon", "share"]
@@ -211,6 +211,7 @@ def test_variances_add_over_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
             assert mine[period] == pytest.approx(expected, rel=1e-12), spec.mechanism
 
 
+@pytest.mark.slow
 def test_period_estimates_match_the_analytical_variance() -> None:
     """One period, 300 repetitions (fresh memos and noise; the one-shot mechanisms take the
     same path without a memo): every estimate is unbiased with
@@ -231,6 +232,7 @@ def test_period_estimates_match_the_analytical_variance() -> None:
             assert abs(row["ratio"] - 1) <= 5.5 * row["ratio_se"], row["mechanism"]
 
 
+@pytest.mark.slow
 def test_stateless_check_detects_the_leak() -> None:
     """Devices keep one value for 40 periods. Memoized, the adversary's success stays within
     the bound of one epsilon-LDP response (a false alarm at most once in 10^6 runs); with the

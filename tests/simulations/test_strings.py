@@ -44,6 +44,7 @@ def read_rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
+@pytest.mark.slow
 def test_command_writes_results_and_plot(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -97,6 +98,7 @@ def easy_population(users: int) -> StringPopulation:
     return StringPopulation(strings, shape, users, seed=11)
 
 
+@pytest.mark.slow
 def test_recall_of_an_easy_population_is_one() -> None:
     # The third string's share (0.3) is over 0.29 above the fourth's; every mechanism's std
     # at 20,000 users and epsilon 4 is below 0.03 (pem: a fifth of the users per level), so

@@ -1,6 +1,8 @@
 // Charts of the dashboard, drawn by Chart.js (static/vendor, loaded before this module).
 // Bars carry their 95% intervals as whiskers (the ``whiskers`` plugin below); series
-// show the estimate with its interval as a band, and the reports per step as bars.
+// show the estimate with its interval as a band, and the reports per step as bars. Every
+// axis has a title (with the metric's unit where it has one); a chart with nothing to
+// show gives way to a short message in its place (``placeholder``).
 
 const Chart = window.Chart;
 Chart.defaults.animation = false;
@@ -55,21 +57,89 @@ const whiskers = {
   },
 };
 
+/**
+ * Draws each dataset marked ``level`` (a constant, such as a budget) as a dashed line
+ * across the whole plot, so that it shows as a line even over a single step.
+ */
+const levels = {
+  id: "levels",
+  afterDatasetsDraw(chart) {
+    const { ctx, chartArea, scales } = chart;
+    chart.data.datasets.forEach((dataset, index) => {
+      if (!dataset.level || !chart.isDatasetVisible(index)) return;
+      const y = scales[dataset.yAxisID].getPixelForValue(dataset.data[0]);
+      ctx.save();
+      ctx.strokeStyle = dataset.borderColor;
+      ctx.lineWidth = 2;
+      ctx.setLineDash([6, 4]);
+      ctx.beginPath();
+      ctx.moveTo(chartArea.left, y);
+      ctx.lineTo(chartArea.right, y);
+      ctx.stroke();
+      ctx.restore();
+    });
+  },
+};
+
 /** One width for the value axes of charts drawn one above the other, so their steps align. */
 function alignedAxis(scale) {
   scale.width = 76;
 }
 
+/** An axis title: what the axis measures, with its unit. */
+function titled(text) {
+  return { display: true, text, font: { weight: "600" } };
+}
+
+/** The time axis of a series, in steps: its title and its ticks. */
+const TIME_AXIS = {
+  title: titled("time (UTC)"),
+  ticks: { autoSkip: true, maxTicksLimit: 10, maxRotation: 0, sampleSize: 24 },
+};
+
+/** The message element of a chart's box, made the first time it is needed. */
+function placeholderOf(canvas) {
+  const box = canvas.parentElement;
+  let message = box.querySelector(".chart-placeholder");
+  if (!message) {
+    message = document.createElement("p");
+    message.className = "chart-placeholder";
+    message.setAttribute("role", "status");
+    message.hidden = true;
+    box.append(message);
+  }
+  return message;
+}
+
+/**
+ * Put ``text`` (e.g. "No reports in this window yet") where the chart on ``canvas`` would
+ * be, instead of an empty chart; drawing a chart on it again removes the message.
+ */
+export function placeholder(canvas, text) {
+  Chart.getChart(canvas)?.destroy();
+  canvas.hidden = true;
+  const message = placeholderOf(canvas);
+  message.textContent = text;
+  message.hidden = false;
+}
+
 function replace(canvas, config) {
   Chart.getChart(canvas)?.destroy();
+  canvas.hidden = false;
+  const message = canvas.parentElement.querySelector(".chart-placeholder");
+  if (message) message.hidden = true;
   return new Chart(canvas, config);
 }
 
 /**
  * Bars of ``values`` at ``labels``; with ``intervals`` ([low, high] per bar) each bar gets
- * a whisker. ``format`` writes a value for the axis and the tooltips.
+ * a whisker. ``format`` writes a value for the axis and the tooltips; ``xTitle`` and
+ * ``yTitle`` name the axes.
  */
-export function barChart(canvas, { labels, values, intervals, label, format, tick, color }) {
+export function barChart(
+  canvas,
+  { labels, values, intervals, label, format, tick, color, xTitle, yTitle },
+) {
   const ends = intervals ? intervals.flat() : [];
   return replace(canvas, {
     type: "bar",
@@ -84,9 +154,10 @@ export function barChart(canvas, { labels, values, intervals, label, format, tic
           suggestedMax: Math.max(...ends, ...values),
           // Room above the highest whisker, so that its cap is never clipped at the edge.
           grace: "5%",
+          title: titled(yTitle),
           ticks: { callback: (value) => (tick || format)(value) },
         },
-        x: { ticks: { autoSkip: true, maxRotation: 40 } },
+        x: { title: titled(xTitle), ticks: { autoSkip: true, maxRotation: 40 } },
       },
       plugins: {
         legend: { display: false },
@@ -118,9 +189,9 @@ function loneSteps(context) {
 /**
  * The estimate per step (``values``, null where a step has none) with its 95% band
  * (``lows``, ``highs``); gaps stay gaps, and a step alone between gaps, which a band
- * cannot show, gets a whisker.
+ * cannot show, gets a whisker. ``yTitle`` names the value axis.
  */
-export function bandChart(canvas, { labels, values, lows, highs, label, format, tick }) {
+export function bandChart(canvas, { labels, values, lows, highs, label, format, tick, yTitle }) {
   const lone = values.map(
     (value, i) =>
       value !== null && (values[i - 1] ?? null) === null && (values[i + 1] ?? null) === null,
@@ -157,11 +228,12 @@ export function bandChart(canvas, { labels, values, lows, highs, label, format, 
       interaction: { mode: "index", intersect: false },
       scales: {
         // Offset as the bars of the reports' chart below, so that the steps line up.
-        x: {
-          offset: true,
-          ticks: { autoSkip: true, maxTicksLimit: 10, maxRotation: 0, sampleSize: 24 },
+        x: { ...TIME_AXIS, offset: true },
+        y: {
+          afterFit: alignedAxis,
+          title: titled(yTitle),
+          ticks: { callback: (value) => (tick || format)(value) },
         },
-        y: { afterFit: alignedAxis, ticks: { callback: (value) => (tick || format)(value) } },
       },
       plugins: {
         legend: { labels: { filter: (item) => item.text !== "95% low" } },
@@ -190,13 +262,27 @@ export function bandChart(canvas, { labels, values, lows, highs, label, format, 
   });
 }
 
-/** Several lines over the same steps (``series``: [{label, values}]), no band. */
-export function linesChart(canvas, { labels, series, format, axes }) {
+/**
+ * Several lines over the same steps (``series``: [{label, values}]; ``level: true`` for a
+ * constant drawn across the plot), no band. ``xTitle`` names the steps; ``axes`` holds
+ * the value axes' options by id, each with its ``title`` (text) and an optional
+ * ``format`` of its ticks.
+ */
+export function linesChart(canvas, { labels, series, format, xTitle, axes }) {
   const scales = {
-    x: { ticks: { autoSkip: true, maxTicksLimit: 10, maxRotation: 0, sampleSize: 24 } },
+    x: {
+      // Half a step at each end: a lone first step is not drawn on the axis itself.
+      offset: true,
+      title: titled(xTitle),
+      ticks: { autoSkip: true, maxTicksLimit: 10, maxRotation: 0, sampleSize: 24 },
+    },
   };
-  for (const [id, { format: tick, ...options }] of Object.entries(axes || { y: {} })) {
-    scales[id] = { ...options, ticks: { callback: (value) => (tick || format)(value) } };
+  for (const [id, { format: tick, title, ...options }] of Object.entries(axes)) {
+    scales[id] = {
+      ...options,
+      title: titled(title),
+      ticks: { callback: (value) => (tick || format)(value) },
+    };
   }
   return replace(canvas, {
     type: "line",
@@ -208,9 +294,11 @@ export function linesChart(canvas, { labels, series, format, axes }) {
         yAxisID: line.axis || "y",
         borderColor: line.color || COLORS.palette[index % COLORS.palette.length],
         backgroundColor: line.color || COLORS.palette[index % COLORS.palette.length],
-        borderDash: line.dashed ? [6, 4] : undefined,
+        borderDash: line.level ? [6, 4] : undefined, // in the legend as on the plot
         borderWidth: 2,
-        pointRadius: labels.length > 60 ? 0 : 2,
+        pointRadius: line.level || labels.length > 60 ? 0 : 3,
+        showLine: !line.level,
+        level: line.level,
         spanGaps: false,
       })),
     },
@@ -224,6 +312,7 @@ export function linesChart(canvas, { labels, series, format, axes }) {
         },
       },
     },
+    plugins: [levels],
   });
 }
 
@@ -247,16 +336,13 @@ export function countChart(canvas, { labels, released, suppressed }) {
     },
     options: {
       scales: {
-        x: {
-          stacked: true,
-          ticks: { autoSkip: true, maxTicksLimit: 10, maxRotation: 0, sampleSize: 24 },
-        },
+        x: { ...TIME_AXIS, stacked: true },
         y: {
           stacked: true,
           beginAtZero: true,
           afterFit: alignedAxis,
           ticks: { precision: 0 },
-          title: { display: true, text: "n" },
+          title: titled("reports"),
         },
       },
       plugins: { legend: { position: "bottom" } },

@@ -189,3 +189,13 @@ export function utc(time, withTime = true) {
   const text = new Date(time).toISOString();
   return withTime ? text.slice(0, 10) + " " + text.slice(11, 16) : text.slice(0, 10);
 }
+
+/** A value with its unit, when the metric has one: "42.1 minutes". */
+export function withUnit(text, unit) {
+  return unit ? text + " " + unit : text;
+}
+
+/** What an axis or a column shows, with its unit when there is one: "mean (minutes)". */
+export function titleWithUnit(text, unit) {
+  return unit ? text + " (" + unit + ")" : text;
+}

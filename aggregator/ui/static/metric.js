@@ -13,9 +13,11 @@ import {
   percentInterval,
   percentTick,
   say,
+  titleWithUnit,
   utc,
+  withUnit,
 } from "./common.js";
-import { COLORS, bandChart, barChart, countChart } from "./charts.js";
+import { COLORS, bandChart, barChart, countChart, placeholder } from "./charts.js";
 
 const root = document.getElementById("metric");
 const metric = {
@@ -24,6 +26,7 @@ const metric = {
   kind: root.dataset.kind,
   mechanism: root.dataset.mechanism,
   labeled: root.dataset.labeled === "true",
+  unit: root.dataset.unit || null,
   discovers: root.dataset.mechanism === "pem" || root.dataset.mechanism === "sfp",
 };
 const path = "/v1/metrics/" + encodeURIComponent(metric.name);
@@ -71,10 +74,16 @@ function isoTime(ms) {
   return new Date(ms).toISOString().replace(".000Z", "Z");
 }
 
+/** The end of the current UTC hour: reports carry their hour, so none is later. */
+function currentHourEnd() {
+  return ceilTo(Date.now() + 1, HOUR);
+}
+
 /**
  * The chosen window, on the grid of its step: ``{start, end, step}`` (milliseconds).
- * Presets end with the current step; a custom range is widened to whole steps, as the
- * series endpoint widens it.
+ * Presets end with the current hour; a range is widened to whole steps, as the series
+ * endpoint widens it, but never past the current hour's end (a custom end typed later
+ * than that is kept as typed): a window of daily steps ends now, not at midnight.
  */
 function chosenWindow() {
   let start;
@@ -84,13 +93,14 @@ function chosenWindow() {
     end = utcInput(customEnd.value);
     if (!(start < end)) return null;
   } else {
-    end = ceilTo(Date.now() + 1, HOUR);
+    end = currentHourEnd();
     start = end - SPANS[preset.value];
   }
   let step = stepChoice.value;
   if (step === "auto") step = end - start <= HOURLY_UP_TO ? "1h" : "1d";
   const unit = step === "1h" ? HOUR : DAY;
-  return { start: floorTo(start, unit), end: ceilTo(end, unit), step };
+  const widened = Math.min(ceilTo(end, unit), Math.max(end, currentHourEnd()));
+  return { start: floorTo(start, unit), end: widened, step };
 }
 
 /** The window's choice in the page's address (never the key), so a reload keeps it. */
@@ -151,15 +161,24 @@ async function load() {
     if (mine !== generation) return;
     if (!metric.labeled && found.length) params.candidates = found;
   }
-  const estimate = api(path + "/estimate", params).then(
-    (body) => mine === generation && showEstimate(body),
-    (error) => mine === generation && showNoEstimate(error),
-  );
-  const series = api(path + "/series", { ...params, step: chosen.step }).then(
-    (body) => mine === generation && showSeries(body),
-    (error) => mine === generation && showNoSeries(error),
-  );
-  await Promise.all([estimate, series]);
+  // Both answers are shown together: the series says whether the window holds any
+  // report, which the estimate's refusal does not, and the series' default item is the
+  // estimate's most frequent one.
+  const [estimate, series] = await Promise.allSettled([
+    api(path + "/estimate", params),
+    api(path + "/series", { ...params, step: chosen.step }),
+  ]);
+  if (mine !== generation) return;
+  const inWindow = series.status === "fulfilled" ? reportsIn(series.value) : null;
+  if (estimate.status === "fulfilled") showEstimate(estimate.value);
+  else showNoEstimate(estimate.reason, inWindow);
+  if (series.status === "fulfilled") showSeries(series.value);
+  else showNoSeries(series.reason);
+}
+
+/** The reports a series' steps hold, released or not. */
+function reportsIn(series) {
+  return series.steps.reduce((sum, step) => sum + step.n, 0);
 }
 
 // --- the estimate ----------------------------------------------------------------------------
@@ -212,33 +231,38 @@ function showEstimate(body) {
   if (body.kind === "categorical") showCategorical(body);
   else if (body.kind === "numeric") showMean(body);
   else showStrings(body);
-  if (shownSeries) showSeries(shownSeries); // the default series item follows the estimate
 }
 
 function showEstimateParts(shown) {
-  for (const id of [
-    "estimate-chart-box",
-    "estimate-toggle",
-    "estimate-table",
-    "strings-table",
-    "mean-summary",
-  ]) {
+  for (const id of ["estimate-toggle", "estimate-table", "strings-table", "mean-summary"]) {
     const part = document.getElementById(id);
     if (part) part.hidden = !shown;
   }
 }
 
-function showNoEstimate(error) {
+/**
+ * No estimate: a window without reports says so in a word; one whose reports are too few
+ * (409) or a refusal gives the service's reason. ``inWindow``: the reports the window
+ * holds, when the series said (null when it did not answer).
+ */
+function showNoEstimate(error, inWindow) {
   shownEstimate = null;
   showEstimateParts(false);
+  const empty = error.status === 409 && inWindow === 0;
+  const short = empty
+    ? "No reports in this window yet"
+    : error.status === 409
+      ? "Too few reports in this window for an estimate"
+      : "No estimate for this window";
+  const chart = document.getElementById("estimate-chart");
+  if (chart) placeholder(chart, short);
+  // The reason, unless the chart's placeholder already says all there is to say.
   say(
     "estimate-message",
-    "No estimate for this window: " + explain(error),
+    empty && chart ? "" : empty ? short + "." : short + ": " + explain(error),
     error.status === 409 ? "info" : "error",
   );
   document.getElementById("estimate-facts").replaceChildren();
-  const chart = document.getElementById("estimate-chart");
-  if (chart) window.Chart.getChart(chart)?.destroy();
   for (const id of ["estimate-table", "strings-table"]) {
     const table = document.getElementById(id);
     if (table) table.tBodies[0].replaceChildren();
@@ -257,6 +281,8 @@ function drawBars(body) {
       format: percent,
       tick: percentTick,
       color: COLORS.postprocessed,
+      xTitle: "category",
+      yTitle: "post-processed share of reports",
     });
   } else {
     barChart(canvas, {
@@ -266,6 +292,8 @@ function drawBars(body) {
       label: "frequency",
       format: percent,
       tick: percentTick,
+      xTitle: "category",
+      yTitle: "share of reports (95% interval)",
     });
   }
 }
@@ -285,45 +313,63 @@ function showCategorical(body) {
   );
 }
 
+/** A mean's table: the users' own mean and the population's, each with its interval. */
 function showMean(body) {
-  const summary = document.getElementById("mean-summary");
-  summary.replaceChildren(
-    el("div", { className: "mean-value" }, number(body.mean, 5)),
-    el(
-      "p",
-      {},
-      "95% interval " +
-        number(body.ci_low, 5) +
-        " to " +
-        number(body.ci_high, 5) +
-        " around the reporting users' own mean (std " +
-        number(body.std) +
-        ", " +
-        body.std_method +
-        ")",
-    ),
-    el(
-      "p",
-      {},
-      "95% interval " +
-        number(body.population_ci_low, 5) +
-        " to " +
-        number(body.population_ci_high, 5) +
-        " around the mean of the population they came from (std " +
-        number(body.population_std) +
-        ")",
-    ),
-    el(
-      "p",
-      { className: "muted small" },
-      "Values clipped to [" +
-        number(body.lower) +
-        ", " +
-        number(body.upper) +
-        "]; mean kept inside them (post-processed): " +
-        number(body.postprocessed_mean, 5),
-    ),
+  const unit = metric.unit;
+  const value = (x) => number(x, 5);
+  const head = ["Mean of", "Estimate", "95% interval", "Std"].map((text, i) =>
+    el("th", { scope: "col" }, i ? titleWithUnit(text, unit) : text),
   );
+  const rows = [
+    [
+      "the reporting users",
+      body.mean,
+      body.ci_low,
+      body.ci_high,
+      body.std,
+    ],
+    [
+      "the population they came from",
+      body.mean,
+      body.population_ci_low,
+      body.population_ci_high,
+      body.population_std,
+    ],
+  ];
+  const table = el(
+    "table",
+    { id: "mean-table", className: "numbers" },
+    el("thead", {}, el("tr", {}, head)),
+    el("tbody"),
+  );
+  fillRows(
+    table.tBodies[0],
+    rows.map(([who, mean, low, high, std]) => [
+      who,
+      value(mean),
+      value(low) + " to " + value(high), // "[1,169.6, 1,601]" would read as four numbers
+      number(std),
+    ]),
+  );
+  document
+    .getElementById("mean-summary")
+    .replaceChildren(
+      el("div", { className: "mean-value" }, withUnit(value(body.mean), unit)),
+      table,
+      el(
+        "p",
+        { className: "muted small" },
+        "Values clipped to [" +
+          number(body.lower) +
+          ", " +
+          withUnit(number(body.upper) + "]", unit) +
+          "; mean kept inside them (post-processed): " +
+          withUnit(value(body.postprocessed_mean), unit) +
+          "; the users' std is " +
+          body.std_method +
+          ".",
+      ),
+    );
 }
 
 function showStrings(body) {
@@ -416,41 +462,36 @@ function showSeries(body) {
   const labels = body.steps.map((step) => utc(step.start, hourly));
   const items = seriesItems(body);
   const index = pickedItem !== null && pickedItem < items.length ? pickedItem : defaultItem(items);
-  const anyEstimate = body.steps.some((step) => step.estimate);
-  document.getElementById("series-chart-box").hidden = !anyEstimate;
+  const total = reportsIn(body);
+  const seriesChart = document.getElementById("series-chart");
   document.getElementById("series-item-choice")?.toggleAttribute("hidden", !items.length);
-  if (!anyEstimate) {
-    say(
-      "series-message",
-      "No step of this window has an estimate: none has a time bucket holding the " +
-        reports(body.min_reports) +
-        " of the release threshold. Reports per step below.",
-    );
-  }
+  document.getElementById("series-n-chart-box").hidden = total === 0;
   if (itemChoice) {
     itemChoice.replaceChildren(...items.map((item, i) => el("option", { value: String(i) }, item)));
     itemChoice.value = String(index);
   }
-  const points = body.steps.map((step) => pointOf(step.estimate, body.kind, index));
-  const numeric = body.kind === "numeric";
-  bandChart(document.getElementById("series-chart"), {
-    labels,
-    values: points.map((point) => point[0]),
-    lows: points.map((point) => point[1]),
-    highs: points.map((point) => point[2]),
-    label: numeric ? "mean" : "frequency of " + (items[index] ?? ""),
-    format: numeric ? (value) => number(value) : percent,
-    tick: numeric ? (value) => number(value) : percentTick,
-  });
+  if (total === 0) {
+    placeholder(seriesChart, "No reports in this window yet");
+  } else if (!body.steps.some((step) => step.estimate)) {
+    placeholder(
+      seriesChart,
+      "No step has an estimate yet: none holds the " +
+        reports(body.min_reports) +
+        " of the release threshold in one time bucket (reports per step below)",
+    );
+  } else {
+    drawSeries(seriesChart, body, items, index);
+  }
   const released = body.steps.map((step) => (step.estimate ? step.estimate.n : 0));
-  countChart(document.getElementById("series-n-chart"), {
-    labels,
-    released,
-    suppressed: body.steps.map((step, i) => step.n - released[i]),
-  });
+  if (total > 0) {
+    countChart(document.getElementById("series-n-chart"), {
+      labels,
+      released,
+      suppressed: body.steps.map((step, i) => step.n - released[i]),
+    });
+  }
   const withEstimate = body.steps.filter((step) => step.estimate).length;
   const below = body.steps.filter((step) => !step.estimate && step.n > 0).length;
-  const total = body.steps.reduce((sum, step) => sum + step.n, 0);
   document.getElementById("series-summary").textContent =
     body.steps.length +
     " steps · " +
@@ -464,12 +505,29 @@ function showSeries(body) {
     " in all";
 }
 
+/** The series' band chart: a mean (in the metric's unit) or one item's share. */
+function drawSeries(canvas, body, items, index) {
+  const points = body.steps.map((step) => pointOf(step.estimate, body.kind, index));
+  const numeric = body.kind === "numeric";
+  const item = items[index] ?? "";
+  bandChart(canvas, {
+    labels: body.steps.map((step) => utc(step.start, body.step === "1h")),
+    values: points.map((point) => point[0]),
+    lows: points.map((point) => point[1]),
+    highs: points.map((point) => point[2]),
+    label: numeric ? "mean" : "frequency of " + item,
+    format: numeric ? (value) => withUnit(number(value), metric.unit) : percent,
+    tick: numeric ? (value) => number(value) : percentTick,
+    yTitle: numeric ? titleWithUnit("mean", metric.unit) : "share of reports: " + item,
+  });
+}
+
 function showNoSeries(error) {
   shownSeries = null;
   say("series-message", "No series for this window. " + explain(error), "error");
-  for (const id of ["series-chart", "series-n-chart"]) {
-    window.Chart.getChart(document.getElementById(id))?.destroy();
-  }
+  placeholder(document.getElementById("series-chart"), "No series for this window");
+  window.Chart.getChart(document.getElementById("series-n-chart"))?.destroy();
+  document.getElementById("series-n-chart-box").hidden = true;
   document.getElementById("series-summary").textContent = "";
 }
 

@@ -2,8 +2,8 @@
 
 Run from the repository root (a script, not a test)::
 
-    python -m simulations.benchmarks.strings --quick     # smoke run, a minute or two
-    python -m simulations.benchmarks.strings             # full run, about ten minutes
+    python -m simulations.benchmarks.strings_bench --quick     # smoke run, a minute or two
+    python -m simulations.benchmarks.strings_bench             # full run, about ten minutes
 
 One population for every part: the bundled generated words (``simulations.strings``) of
 at most ``MAX_CHARS`` letters, the first ``--vocabulary`` of them with Zipf(1.1) shares,
@@ -645,7 +645,7 @@ def _parts(text: str) -> list[str]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m simulations.benchmarks.strings",
+        prog="python -m simulations.benchmarks.strings_bench",
         description="Open-domain strings: accuracy and speed against pure-ldp, candidate "
         "queries, discovery at scale.",
     )

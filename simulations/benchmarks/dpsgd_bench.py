@@ -2,8 +2,8 @@
 
 Run from the repository root (a script, not a test)::
 
-    python -m simulations.benchmarks.dpsgd --quick   # digits, one seed, about a minute
-    python -m simulations.benchmarks.dpsgd           # digits and synthetic, 10-20 minutes
+    python -m simulations.benchmarks.dpsgd_bench --quick   # digits, one seed, about a minute
+    python -m simulations.benchmarks.dpsgd_bench           # digits and synthetic, 10-20 minutes
 
 Both sides train the same model on the same records (``simulations.dpsgd.load_records``:
 digits, and the synthetic task of 10^5 records) from the same initial parameters (ours,
@@ -272,7 +272,7 @@ COLUMNS = [
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m simulations.benchmarks.dpsgd",
+        prog="python -m simulations.benchmarks.dpsgd_bench",
         description="DP-SGD against Opacus: accuracy, seconds per epoch, epsilon.",
     )
     parser.add_argument("--datasets", default="digits,synthetic", help="comma-separated")

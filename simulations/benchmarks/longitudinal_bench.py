@@ -3,8 +3,8 @@ multi-freq-ldpy, and what a stateless implementation leaks.
 
 Run from the repository root (a script, not a test)::
 
-    python -m simulations.benchmarks.longitudinal --quick     # smoke run, about a minute
-    python -m simulations.benchmarks.longitudinal             # full run, about 5 minutes
+    python -m simulations.benchmarks.longitudinal_bench --quick     # smoke run, about a minute
+    python -m simulations.benchmarks.longitudinal_bench             # full run, about 5 minutes
 
 One drifting population (``simulations.longitudinal.Population``: Zipf(1.1) categories
 over d, uniform numbers on [0, 1], each device drawing a new value with probability
@@ -538,7 +538,7 @@ def number(text: str) -> int:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m simulations.benchmarks.longitudinal",
+        prog="python -m simulations.benchmarks.longitudinal_bench",
         description="Memoized mechanisms: accuracy, lifetime epsilon, speed against "
         "multi-freq-ldpy, and the stateless leak.",
     )

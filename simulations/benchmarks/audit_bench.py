@@ -3,8 +3,8 @@ against auditing with a peer library's per-report client.
 
 Run from the repository root (a script, not a test)::
 
-    python -m simulations.benchmarks.audit --quick    # smoke run, seconds
-    python -m simulations.benchmarks.audit            # full run, a few minutes
+    python -m simulations.benchmarks.audit_bench --quick    # smoke run, seconds
+    python -m simulations.benchmarks.audit_bench            # full run, a few minutes
 
 For each categorical mechanism (``grr``, ``sue``, ``oue``, ``olh``, ``hr``; memoized
 ``lgrr`` and ``losue``, their one-report view at epsilon_report = epsilon / 2), epsilon
@@ -45,7 +45,7 @@ from shared.mechanisms import make_mechanism
 from simulations.audit_attacks import attacks_for
 from simulations.audit_bounds import planned_trials
 from simulations.audit_metric import BatchDevices, run_attack, sweep_spec
-from simulations.benchmarks import longitudinal
+from simulations.benchmarks import longitudinal_bench
 from simulations.benchmarks import peers as peer_lib
 from simulations.benchmarks.mechanisms import si, times
 
@@ -77,7 +77,7 @@ HEADER = (
 
 
 def _memoized_peer_available() -> bool:
-    return not longitudinal.peer_status().startswith("unavailable")
+    return not longitudinal_bench.peer_status().startswith("unavailable")
 
 
 def peer_rate(mechanism: str, epsilon: float, d: int, cap: float) -> tuple[str, float]:
@@ -86,8 +86,8 @@ def peer_rate(mechanism: str, epsilon: float, d: int, cap: float) -> tuple[str, 
         (peer_lib.SHORT_NAMES[library], peer_lib.make_peer(library, mechanism, epsilon, d))
         for library in peer_lib.LIBRARIES
     ]
-    if mechanism in longitudinal.PEER_PROTOCOLS and _memoized_peer_available():
-        memoized = longitudinal.make_peer(sweep_spec(mechanism, epsilon, d))
+    if mechanism in longitudinal_bench.PEER_PROTOCOLS and _memoized_peer_available():
+        memoized = longitudinal_bench.make_peer(sweep_spec(mechanism, epsilon, d))
         assert memoized is not None
         candidates.append(("mf", memoized.timing_view()))
     best = ("-", 0.0)
