@@ -657,7 +657,8 @@ class MetricSpec(MetricDefinition):
         return self.labels[index] if self.labels is not None else None
 
     def same_spec(self, definition: MetricDefinition) -> bool:
-        """Whether ``definition`` can share this version (it differs at most in description or unit)."""
+        """Whether ``definition`` can share this version (it differs at most in its
+        description or unit)."""
         return self.mechanism == definition.mechanism and self.labels == definition.labels
 
 
