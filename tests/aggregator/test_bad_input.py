@@ -29,7 +29,8 @@ from aggregator.app import create_app
 from aggregator.auth import bootstrap_keys
 from aggregator.settings import Settings
 from aggregator.storage import Storage
-from shared.mechanisms import Mechanism, Rappor, make_mechanism
+from shared.mechanisms import DeviceContext, Mechanism, make_mechanism
+from shared.mechanisms.rappor import Rappor
 from shared.schemas import MechanismSpec
 
 ADMIN_KEY = "bad-input-admin-key-0123456789"
@@ -54,7 +55,11 @@ SPECS: dict[str, dict[str, Any]] = {
     "duchi": {"mechanism": "duchi", "epsilon": 1.0, "lower": -1.0, "upper": 1.0},
     # Cell indices 0..M-1 (M = 16 grid steps plus the window).
     "piecewise": {
-        "mechanism": "piecewise", "epsilon": 2.0, "lower": 0.0, "upper": 120.0, "grid_steps": 16
+        "mechanism": "piecewise",
+        "epsilon": 2.0,
+        "lower": 0.0,
+        "upper": 120.0,
+        "grid_steps": 16,
     },
     # 12 bits in 2 bytes, little-endian bit order: the 4 high bits of byte 1 are padding.
     "rappor": {
@@ -101,7 +106,9 @@ class Service:
             values = self.rng.choice(RAPPOR_LABELS, count)
             cohorts = self.rng.integers(0, 4, count)
             secrets = [self.rng.bytes(16) for _ in range(count)]
-            encoded = mech.encode(values, cohorts, secrets, rng=self.rng)
+            encoded = mech.encode(
+                values, rng=self.rng, context=DeviceContext(secrets=secrets, cohorts=cohorts)
+            )
         elif mech.spec.kind == "categorical":
             assert mech.spec.domain_size is not None
             encoded = mech.encode(self.rng.integers(0, mech.spec.domain_size, count), rng=self.rng)

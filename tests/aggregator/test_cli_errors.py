@@ -50,9 +50,7 @@ def run_cli(*args: str, cwd: Path, data_dir: Path) -> subprocess.CompletedProces
     )
 
 
-def assert_one_line_error(
-    result: subprocess.CompletedProcess[str], *fragments: str
-) -> str:
+def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> str:
     """The command failed with status 2 and one ``ldp-aggregator: error:`` line."""
     assert result.returncode == 2, (result.returncode, result.stderr)
     assert result.stdout == ""

@@ -25,7 +25,8 @@ from aggregator.app import create_app
 from aggregator.auth import bootstrap_keys
 from aggregator.settings import Settings
 from aggregator.storage import PartialRow, Storage
-from shared.mechanisms import Rappor, make_mechanism
+from shared.mechanisms import make_mechanism
+from shared.mechanisms.rappor import Rappor
 from shared.schemas import MechanismSpec
 from shared.statistics import CountStatistics
 

@@ -53,9 +53,8 @@ def import_graph() -> dict[str, set[str]]:
     paths = sorted(SHARED.rglob("*.py"))
     modules = {module_name(path) for path in paths}
     return {
-        module_name(path): imported(ast.parse(path.read_text(), str(path)), modules) - {
-            module_name(path)
-        }
+        module_name(path): imported(ast.parse(path.read_text(), str(path)), modules)
+        - {module_name(path)}
         for path in paths
     }
 
