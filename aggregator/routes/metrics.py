@@ -42,9 +42,7 @@ async def list_metrics(request: Request, service: Service) -> Any:
     return _published(request, document)
 
 
-@router.get(
-    "/v1/metrics/{name}/versions", response_model=list[MetricSpec], responses=NOT_MODIFIED
-)
+@router.get("/v1/metrics/{name}/versions", response_model=list[MetricSpec], responses=NOT_MODIFIED)
 async def metric_versions(request: Request, name: MetricName, service: Service) -> Any:
     """Every version of one metric, oldest first (public; cached as ``/v1/metrics`` is)."""
     document = await run_in_threadpool(service.catalog.published_versions, name)
