@@ -14,6 +14,7 @@ this module does not import them.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any, TypeAlias, cast
 from uuid import UUID
@@ -31,6 +32,7 @@ from pydantic import (
 from pydantic.json_schema import JsonDict
 
 from shared.estimates import Estimate, MeanEstimate  # noqa: F401 - part of the contract
+from shared.mechanisms.registry import MECHANISMS
 from shared.mechanisms.spec import (  # noqa: F401 - part of the contract
     MAX_DOMAIN_SIZE,
     MAX_EPSILON,
@@ -51,6 +53,18 @@ if TYPE_CHECKING:
 else:
     #: Any registered mechanism's spec, told apart by ``mechanism``.
     AnyMechanismSpec = any_spec_type()
+
+
+def error_location(location: Sequence[int | str]) -> list[str]:
+    """A validation error's location, without the mechanism name that the discriminated
+    union inserts after ``mechanism`` (``mechanism.grr.epsilon`` reads ``mechanism.epsilon``)."""
+    parts = [str(part) for part in location]
+    return [
+        part
+        for i, part in enumerate(parts)
+        if not (i and parts[i - 1] == "mechanism" and part in _SPEC_MODELS)
+    ]
+
 
 #: The wire names by kind of value, and the memoized ones (from the spec models).
 CATEGORICAL_MECHANISMS: frozenset[str] = frozenset(
@@ -170,32 +184,11 @@ class MetricDocument(MetricDefinition):
 # --- reports (the body of POST /v1/reports and its reply) ------------------------------
 
 
-def _payload_schema(title: str, **properties: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "title": title,
-        "type": "object",
-        "properties": properties,
-        "required": sorted(properties),
-        "additionalProperties": False,
-    }
-
-
-_INTEGER: dict[str, Any] = {"type": "integer"}
-_BASE64: dict[str, Any] = {"type": "string", "contentEncoding": "base64"}
-#: The payload shapes of the mechanisms (OpenAPI documentation; ``from_payloads`` checks).
-PAYLOAD_SCHEMAS: list[dict[str, Any]] = [
-    _payload_schema("IndexPayload", value=_INTEGER),
-    _payload_schema("BitsPayload", bits=_BASE64),
-    _payload_schema("HashPayload", a=_INTEGER, b=_INTEGER, value=_INTEGER),
-    _payload_schema("RapporPayload", cohort=_INTEGER, bits=_BASE64),
-    _payload_schema("BucketBitsPayload", buckets=_BASE64, bits=_BASE64),
-    _payload_schema("SketchBitsPayload", row=_INTEGER, bits=_BASE64),
-    _payload_schema("SketchSignPayload", row=_INTEGER, column=_INTEGER, bit=_INTEGER),
-    _payload_schema("PrefixPayload", group=_INTEGER, seed=_INTEGER, value=_INTEGER),
-    _payload_schema(
-        "FragmentPayload", kind=_INTEGER, position=_INTEGER, row=_INTEGER, bits=_BASE64
-    ),
-]
+#: The payload shapes of the registered mechanisms, each once (OpenAPI documentation;
+#: ``from_payloads`` checks them).
+PAYLOAD_SCHEMAS: list[dict[str, Any]] = list(
+    {cls.payload_schema["title"]: cls.payload_schema for cls in MECHANISMS.values()}.values()
+)
 
 
 #: Payload keys are short names; values are integers, finite numbers or (base64) strings,
@@ -217,18 +210,8 @@ class Report(BaseModel):
     )
     payload: dict[PayloadKey, PayloadValue] = Field(
         description=(
-            "The mechanism's report: {'value': int} (grr, lgrr, hr; laplace: grid index; "
-            "duchi: +1/-1; piecewise: cell index; onebitmean: 0/1), {'bits': base64} (sue, "
-            "oue, lsue, loue, losue: numpy.packbits bytes), {'a', 'b', 'value'} (olh), "
-            "{'cohort': int, 'bits': base64} (rappor: bit i is bit i % 8 of byte i // 8), "
-            "{'buckets': base64 of little-endian uint32 bucket indices, 'bits': base64 of "
-            "numpy.packbits bytes, one bit per bucket} (dbitflip), {'row': int, 'bits': "
-            "base64 of the sketch_width signs as numpy.packbits bytes, 1 for +1} (cms), "
-            "{'row': int, 'column': int, 'bit': 0 or 1} (hcms: a Hadamard coefficient's "
-            "sign), {'group': int, 'seed': int, 'value': int} (pem: the group's prefix "
-            "hashed by the seed, then randomized over the buckets), {'kind': 0 or 1, "
-            "'position': int, 'row': int, 'bits': base64} (sfp: a cms report of the whole "
-            "string, kind 0 at position 0, or of the fragment at a position, kind 1)."
+            "The mechanism's report: one JSON object of the shape its mechanism defines "
+            "(bit vectors as base64 of numpy.packbits bytes); the shapes are listed here."
         ),
         json_schema_extra=cast(JsonDict, {"anyOf": PAYLOAD_SCHEMAS}),
     )

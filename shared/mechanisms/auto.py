@@ -49,4 +49,4 @@ def resolve_auto(spec: MechanismSpec) -> CategoricalMechanism:
     return min(options, key=lambda mechanism: mechanism.variance(1))
 
 
-register_builder("auto", resolve_auto)
+register_builder(AutoSpec, resolve_auto)

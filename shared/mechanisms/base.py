@@ -34,6 +34,23 @@ from shared.statistics import CountStatistics, MomentStatistics
 
 StatsT = TypeVar("StatsT", CountStatistics, MomentStatistics)
 
+#: JSON schemas of a payload field's value: an integer, or a base64 string.
+INTEGER: dict[str, Any] = {"type": "integer"}
+BASE64: dict[str, Any] = {"type": "string", "contentEncoding": "base64"}
+
+
+def payload_shape(title: str, description: str, **fields: dict[str, Any]) -> dict[str, Any]:
+    """The JSON schema of one report's payload: an object with exactly ``fields`` (the
+    OpenAPI document lists every mechanism's; ``from_payloads`` checks them)."""
+    return {
+        "title": title,
+        "description": description,
+        "type": "object",
+        "properties": fields,
+        "required": sorted(fields),
+        "additionalProperties": False,
+    }
+
 
 class Mechanism(ABC, Generic[StatsT]):
     """An epsilon-LDP mechanism: randomizer, sufficient statistics and wire form."""
@@ -41,6 +58,8 @@ class Mechanism(ABC, Generic[StatsT]):
     name: ClassVar[str]
     #: The spec model this mechanism is built from.
     spec_model: ClassVar[type[MechanismSpec]]
+    #: The JSON schema of one report's payload (``payload_shape``).
+    payload_schema: ClassVar[dict[str, Any]]
     #: The keys of one report's JSON payload (``to_payloads``); no other key is accepted.
     payload_fields: ClassVar[frozenset[str]]
     #: The abilities (``shared.mechanisms.abilities`` protocols) this class adds.
@@ -56,6 +75,8 @@ class Mechanism(ABC, Generic[StatsT]):
         super().__init_subclass__(**kwargs)
         if "spec_model" in cls.__dict__:
             cls.kind = cls.spec_model.kind
+        if hasattr(cls, "payload_schema"):
+            cls.payload_fields = frozenset(cls.payload_schema["properties"])
         cls.abilities = frozenset(
             ability for base in cls.__mro__ for ability in base.__dict__.get("provides", ())
         )
@@ -117,7 +138,12 @@ class IndexReports:
     """Wire form of mechanisms whose report is one integer: payload ``{"value": int}``."""
 
     check_reports: Callable[[np.ndarray], np.ndarray]  # from the mechanism it is mixed into
-    payload_fields: ClassVar[frozenset[str]] = frozenset({"value"})
+    payload_schema: ClassVar[dict[str, Any]] = payload_shape(
+        "IndexPayload",
+        "grr, lgrr, hr: the reported category; laplace: the grid index; duchi: +1/-1; "
+        "piecewise: the cell index; onebitmean: the bit, 0 or 1.",
+        value=INTEGER,
+    )
 
     def to_payloads(self, reports: np.ndarray) -> list[dict[str, Any]]:
         return [{"value": int(v)} for v in self.check_reports(reports)]

@@ -89,7 +89,7 @@ import itertools
 import math
 from fractions import Fraction
 from functools import cached_property
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -97,10 +97,12 @@ from pydantic import Field, model_validator
 from shared.estimates import Estimate
 from shared.mechanisms.abilities import FRESH, DeviceContext
 from shared.mechanisms.base import (
+    BASE64,
     as_index_array,
     check_packed_rows,
     decode_base64_field,
     decode_bits_field,
+    payload_shape,
 )
 from shared.mechanisms.categorical import (
     CategoricalMechanism,
@@ -213,7 +215,13 @@ class DBitFlip(MemoizedMechanism, CategoricalMechanism):
     name = "dbitflip"
     spec_model = DBitFlipSpec
     spec: DBitFlipSpec
-    payload_fields: ClassVar[frozenset[str]] = frozenset({"buckets", "bits"})
+    payload_schema = payload_shape(
+        "BucketBitsPayload",
+        "dbitflip: base64 of the sampled buckets as little-endian uint32, and base64 of "
+        "numpy.packbits bytes, one bit per bucket.",
+        buckets=BASE64,
+        bits=BASE64,
+    )
 
     def __init__(self, spec: DBitFlipSpec) -> None:
         super().__init__(spec)

@@ -58,7 +58,13 @@ from typing import Any, Literal
 import numpy as np
 
 from shared.mechanisms.abilities import FRESH, DeviceContext
-from shared.mechanisms.base import as_index_array, check_integer_field, check_integer_rows
+from shared.mechanisms.base import (
+    INTEGER,
+    as_index_array,
+    check_integer_field,
+    check_integer_rows,
+    payload_shape,
+)
 from shared.mechanisms.categorical import (
     CategoricalMechanism,
     check_true_counts,
@@ -96,7 +102,13 @@ class OlhSpec(CategoricalSpec):
 class OptimizedLocalHashing(CategoricalMechanism):
     name = "olh"
     spec_model = OlhSpec
-    payload_fields = frozenset({"a", "b", "value"})
+    payload_schema = payload_shape(
+        "HashPayload",
+        "olh: the hash function's a and b, and the reported bucket.",
+        a=INTEGER,
+        b=INTEGER,
+        value=INTEGER,
+    )
 
     def __init__(self, spec: CategoricalSpec) -> None:
         super().__init__(spec)

@@ -145,7 +145,13 @@ import numpy as np
 
 from shared.estimates import Estimate, HeavyHitters
 from shared.mechanisms.abilities import FRESH, DeviceContext, Discovery
-from shared.mechanisms.base import Mechanism, check_integer_field, check_integer_rows
+from shared.mechanisms.base import (
+    INTEGER,
+    Mechanism,
+    check_integer_field,
+    check_integer_rows,
+    payload_shape,
+)
 from shared.mechanisms.categorical import require_enumerable
 from shared.mechanisms.grr import k_ary_keep_threshold, k_ary_probabilities, k_ary_response
 from shared.mechanisms.memoized import MemoizedMechanism
@@ -268,7 +274,14 @@ class PrefixExtendingMethod(OpenStringMechanism, Mechanism[CountStatistics]):
     name = "pem"
     spec_model = PemSpec
     provides: ClassVar[tuple[type, ...]] = (Discovery,)
-    payload_fields = frozenset({"group", "seed", "value"})
+    payload_schema = payload_shape(
+        "PrefixPayload",
+        "pem: the device's group, the seed hashing its group's prefix, and the bucket "
+        "response over the hashed buckets.",
+        group=INTEGER,
+        seed=INTEGER,
+        value=INTEGER,
+    )
 
     def __init__(self, spec: PemSpec) -> None:
         super().__init__(spec)

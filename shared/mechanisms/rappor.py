@@ -110,10 +110,13 @@ from shared.mechanisms.abilities import (
     Secrets,
 )
 from shared.mechanisms.base import (
+    BASE64,
+    INTEGER,
     Mechanism,
     as_index_array,
     check_packed_rows,
     decode_bits_field,
+    payload_shape,
 )
 from shared.mechanisms.categorical import MAX_ENUMERATED_OUTPUTS, require_enumerable
 from shared.mechanisms.rappor_common import (
@@ -308,7 +311,12 @@ class RapporSpec(MechanismSpec):
 class Rappor(Mechanism[CountStatistics]):
     """RAPPOR over strings: Bloom filter, cohorts, memoized PRR, fresh IRR, candidate decoding."""
 
-    payload_fields = frozenset({"cohort", "bits"})
+    payload_schema = payload_shape(
+        "RapporPayload",
+        "rappor: the cohort, and base64 of the reported bits (bit i is bit i % 8 of byte i // 8).",
+        cohort=INTEGER,
+        bits=BASE64,
+    )
     provides: ClassVar[tuple[type, ...]] = (CandidateQueries, Memoized)
 
     name = "rappor"

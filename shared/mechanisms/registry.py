@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from shared.mechanisms.base import Mechanism
-from shared.mechanisms.spec import MechanismSpec, spec_models
+from shared.mechanisms.spec import MechanismSpec, register_spec_model, wire_name
 
 M = TypeVar("M", bound=type[Mechanism[Any]])
 Builder = Callable[[MechanismSpec], Mechanism[Any]]
@@ -24,18 +24,18 @@ _BUILDERS: dict[str, Builder] = {}
 
 
 def register(cls: M) -> M:
-    """Class decorator: register a mechanism under its ``name``, the wire name of its
-    ``spec_model``."""
-    literal = cls.spec_model.model_fields["mechanism"].annotation
-    if getattr(literal, "__args__", None) != (cls.name,):
+    """Class decorator: register a mechanism and its ``spec_model`` under its ``name``, the
+    wire name the spec model's ``mechanism`` literal gives."""
+    if wire_name(cls.spec_model) != cls.name:
         raise TypeError(f"{cls.__name__}.spec_model does not take mechanism={cls.name!r}")
-    register_builder(cls.name, cls)
+    register_builder(cls.spec_model, cls)
     MECHANISMS[cls.name] = cls
     return cls
 
 
-def register_builder(name: str, builder: Builder) -> None:
-    """Register how to build the mechanism of specs named ``name``."""
+def register_builder(spec_model: type[MechanismSpec], builder: Builder) -> None:
+    """Register a spec model and how to build the mechanism of its specs."""
+    name = register_spec_model(spec_model)
     if name in _BUILDERS:
         raise TypeError(f"the mechanism name {name!r} is registered twice")
     _BUILDERS[name] = builder
@@ -43,7 +43,6 @@ def register_builder(name: str, builder: Builder) -> None:
 
 def make_mechanism(spec: MechanismSpec) -> Mechanism[Any]:
     """Build the mechanism a spec names (``auto`` resolves to a concrete one)."""
-    spec_models()  # the plug-ins, imported
     builder = _BUILDERS.get(spec.mechanism)
     if builder is None:
         raise ValueError(f"the {spec.mechanism!r} mechanism is not available in this version")

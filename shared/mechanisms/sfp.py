@@ -172,11 +172,14 @@ from shared.hadamard import walsh_hadamard
 from shared.hashing import gf32_multiply
 from shared.mechanisms.abilities import FRESH, DeviceContext, Discovery
 from shared.mechanisms.base import (
+    BASE64,
+    INTEGER,
     Mechanism,
     as_index_array,
     check_integer_field,
     check_packed_rows,
     decode_bits_field,
+    payload_shape,
 )
 from shared.mechanisms.categorical import require_enumerable
 from shared.mechanisms.registry import register
@@ -301,7 +304,15 @@ class SequenceFragmentPuzzle(OpenStringMechanism, Mechanism[CountStatistics]):
     name = "sfp"
     spec_model = SfpSpec
     provides: ClassVar[tuple[type, ...]] = (Discovery,)
-    payload_fields = frozenset({"kind", "position", "row", "bits"})
+    payload_schema = payload_shape(
+        "FragmentPayload",
+        "sfp: a cms report of the whole string (kind 0, position 0) or of the fragment at "
+        "a position (kind 1).",
+        kind=INTEGER,
+        position=INTEGER,
+        row=INTEGER,
+        bits=BASE64,
+    )
 
     def __init__(self, spec: SfpSpec) -> None:
         super().__init__(spec)

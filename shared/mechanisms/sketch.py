@@ -137,11 +137,14 @@ from shared.hadamard import walsh_hadamard
 from shared.hashing import SketchHash
 from shared.mechanisms.abilities import FRESH, DeviceContext
 from shared.mechanisms.base import (
+    BASE64,
+    INTEGER,
     Mechanism,
     as_index_array,
     check_integer_field,
     check_packed_rows,
     decode_bits_field,
+    payload_shape,
 )
 from shared.mechanisms.categorical import (
     MAX_ENUMERATED_OUTPUTS,
@@ -401,7 +404,13 @@ class CountMeanSketch(SketchMechanism):
 
     name = "cms"
     spec_model = CmsSpec
-    payload_fields = frozenset({"row", "bits"})
+    payload_schema = payload_shape(
+        "SketchBitsPayload",
+        "cms: the sketch row, and base64 of the sketch_width signs as numpy.packbits "
+        "bytes, 1 for +1.",
+        row=INTEGER,
+        bits=BASE64,
+    )
 
     def __init__(self, spec: SketchSpec) -> None:
         super().__init__(spec)
@@ -571,7 +580,13 @@ class HadamardCountMeanSketch(SketchMechanism):
 
     name = "hcms"
     spec_model = HcmsSpec
-    payload_fields = frozenset({"row", "column", "bit"})
+    payload_schema = payload_shape(
+        "SketchSignPayload",
+        "hcms: the sketch row, the Hadamard coefficient's column, and its sign bit, 0 or 1.",
+        row=INTEGER,
+        column=INTEGER,
+        bit=INTEGER,
+    )
 
     @cached_property
     def keep_threshold(self) -> int:

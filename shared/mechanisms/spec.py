@@ -4,9 +4,10 @@ A spec is the public privacy promise of a metric: which mechanism, at which epsi
 with which parameters. Each mechanism module defines its own spec model, a subclass
 whose ``mechanism`` field is the literal wire name and whose other fields are exactly
 the parameters that mechanism takes (``GrrSpec`` in ``grr.py``: ``epsilon`` and
-``domain_size``). Defining the subclass registers it. The wire form is one JSON object
-``{"mechanism": NAME, ...fields}``; which model reads it is decided by ``mechanism``
-alone (a discriminated union, ``shared.schemas.AnyMechanismSpec`` as a field type).
+``domain_size``), registered with its mechanism (``shared.mechanisms.registry``). The
+wire form is one JSON object ``{"mechanism": NAME, ...fields}``; which model reads it is
+decided by ``mechanism`` alone (a discriminated union, ``shared.schemas.AnyMechanismSpec``
+as a field type).
 
 ``MechanismSpec`` itself builds whichever model a name selects, so that callers need
 not know the subclasses:
@@ -89,13 +90,25 @@ def _any_spec_adapter() -> TypeAdapter[MechanismSpec]:
     return TypeAdapter(any_spec_type())
 
 
-def _wire_name(model: type[MechanismSpec]) -> str | None:
+def wire_name(model: type[MechanismSpec]) -> str | None:
     """The one literal of a model's ``mechanism`` annotation, or None for a family base."""
     annotation = model.model_fields["mechanism"].annotation
     if typing.get_origin(annotation) is Literal and len(typing.get_args(annotation)) == 1:
         name = typing.get_args(annotation)[0]
         return name if isinstance(name, str) else None
     return None
+
+
+def register_spec_model(model: type[MechanismSpec]) -> str:
+    """Make ``model`` the spec model of its wire name (``shared.mechanisms.registry``
+    calls this when a mechanism registers); TypeError for a name already taken."""
+    name = wire_name(model)
+    if name is None:
+        raise TypeError(f"{model.__name__}.mechanism is not one literal wire name")
+    if _SPEC_MODELS.setdefault(name, model) is not model:
+        raise TypeError(f"the mechanism name {name!r} is registered twice")
+    _any_spec_adapter.cache_clear()
+    return name
 
 
 class MechanismSpec(BaseModel):
@@ -122,15 +135,6 @@ class MechanismSpec(BaseModel):
         if cls is MechanismSpec:
             return super().__new__(_model_for(data))
         return super().__new__(cls)
-
-    @classmethod
-    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
-        super().__pydantic_init_subclass__(**kwargs)
-        name = _wire_name(cls)
-        if name is not None:
-            known = _SPEC_MODELS.setdefault(name, cls)
-            if known is not cls:
-                raise TypeError(f"two spec models claim the mechanism name {name!r}")
 
     @classmethod
     def model_validate(cls, obj: Any, **kwargs: Any) -> Any:  # noqa: D102 - pydantic's

@@ -38,7 +38,13 @@ import numpy as np
 
 from shared.bitcount import bit_sums
 from shared.mechanisms.abilities import FRESH, DeviceContext
-from shared.mechanisms.base import as_index_array, check_packed_rows, decode_bits_field
+from shared.mechanisms.base import (
+    BASE64,
+    as_index_array,
+    check_packed_rows,
+    decode_bits_field,
+    payload_shape,
+)
 from shared.mechanisms.categorical import (
     CategoricalMechanism,
     check_true_counts,
@@ -60,7 +66,11 @@ from shared.statistics import CountStatistics
 class UnaryEncoding(CategoricalMechanism):
     """Shared body of SUE and OUE; subclasses give the nominal p and q."""
 
-    payload_fields = frozenset({"bits"})
+    payload_schema = payload_shape(
+        "BitsPayload",
+        "sue, oue, lsue, loue, losue: base64 of numpy.packbits bytes of the d bits.",
+        bits=BASE64,
+    )
 
     @abstractmethod
     def nominal_probabilities(self) -> tuple[float, float]:

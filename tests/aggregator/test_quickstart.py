@@ -44,7 +44,7 @@ from aggregator.demo_data import (
 from aggregator.registry import DEMO_METRICS
 from aggregator.service import Aggregator
 from aggregator.settings import Settings
-from shared.mechanisms import GeneralizedRandomizedResponse
+from shared.mechanisms.grr import GeneralizedRandomizedResponse
 from shared.schemas import ReportBatch
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -236,7 +236,7 @@ def test_each_hour_is_its_windows_estimate_and_small_hours_keep_their_n(api: Api
     assert (body["metric"], body["version"], body["kind"], body["step"]) == (
         "hourly",
         version,
-        "as_categorical",
+        "categorical",
         "1h",
     )
     assert (body["start"], body["end"]) == (iso(BASE - 6 * HOUR), iso(BASE))

@@ -32,6 +32,8 @@ import pytest
 from scipy import stats
 
 from shared.mechanisms import MECHANISMS, make_mechanism
+from shared.mechanisms.memoized import ChainedSpec
+from shared.mechanisms.spec import spec_models
 from shared.schemas import (
     CATEGORICAL_MECHANISMS,
     STRING_MECHANISMS,
@@ -68,8 +70,6 @@ NUMERIC_EXTRAS: dict[str, tuple[dict[str, Any], ...]] = {
 CATEGORICAL_EXTRAS: dict[str, tuple[dict[str, Any], ...]] = {
     "dbitflip": ({}, {"bits_per_device": 2}),
 }
-from shared.mechanisms.memoized import ChainedSpec
-from shared.mechanisms.spec import spec_models
 
 CHAINED_MECHANISMS = frozenset(
     name for name, model in spec_models().items() if issubclass(model, ChainedSpec)

@@ -33,6 +33,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared.mechanisms import MECHANISMS, DeviceContext, Mechanism, make_mechanism
+from shared.mechanisms.memoized import ChainedSpec
+from shared.mechanisms.spec import spec_models
 from shared.schemas import (
     CATEGORICAL_MECHANISMS,
     NUMERIC_MECHANISMS,
@@ -86,8 +88,6 @@ MAX_BATCH = 24
 MOMENT_RTOL = 1e-12
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-from shared.mechanisms.memoized import ChainedSpec
-from shared.mechanisms.spec import spec_models
 
 CHAINED_MECHANISMS = frozenset(
     name for name, model in spec_models().items() if issubclass(model, ChainedSpec)

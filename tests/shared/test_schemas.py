@@ -13,6 +13,8 @@ import pytest
 from pydantic import ValidationError
 
 from shared.mechanisms import MECHANISMS, make_mechanism
+from shared.mechanisms.memoized import ChainedSpec
+from shared.mechanisms.spec import MAX_GRID_STEPS, spec_models
 from shared.schemas import (
     CATEGORICAL_MECHANISMS,
     MAX_DOMAIN_SIZE,
@@ -30,8 +32,6 @@ NUMERIC = sorted(NUMERIC_MECHANISMS)
 STRING = sorted(STRING_MECHANISMS)
 #: The concrete frequency oracles ``auto`` chooses among.
 AUTO_CANDIDATES = ("grr", "sue", "oue", "olh", "hr")
-from shared.mechanisms.memoized import ChainedSpec
-from shared.mechanisms.spec import MAX_GRID_STEPS, spec_models
 
 RAPPOR_FIELDS = ("num_bits", "num_hashes", "num_cohorts", "f", "p", "q")
 CHAINED_MECHANISMS = frozenset(
