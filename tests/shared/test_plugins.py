@@ -43,7 +43,8 @@ from shared.mechanisms.categorical import CategoricalMechanism
 from shared.mechanisms.grr import CountedIndices, k_ary_keep_threshold, k_ary_response
 from shared.mechanisms.spec import CategoricalSpec, MechanismSpec, spec_models
 from shared.randomness import Rng, as_source, realized_probability
-from shared.schemas import MetricDefinition
+from shared.schemas import MetricDefinition, MetricSpec
+from shared.spec_hash import spec_hash
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -144,6 +145,138 @@ def test_ledger_keys_are_the_memo_keys_or_the_string() -> None:
     strings = as_memoized(rappor)
     assert strings is not None
     assert strings.ledger_keys(["é", "a"], CONTEXT) == ["é".encode(), b"a"]
+
+
+#: (a definition's spec, its published form, the first 8 bytes of its metric's spec hash),
+#: as the wire format had them before the spec models moved into the mechanism modules:
+#: a device pinned to one of these must see the same spec, and the same hash, after.
+PUBLISHED: list[tuple[str, str, str]] = [
+    (
+        '{"mechanism":"grr","epsilon":1,"domain_size":4}',
+        '{"mechanism":"grr","epsilon":1.0,"domain_size":4}',
+        "9e39c3badcc235e1",
+    ),
+    (
+        '{"mechanism":"sue","epsilon":2.5,"domain_size":64}',
+        '{"mechanism":"sue","epsilon":2.5,"domain_size":64}',
+        "78ea3099287851ed",
+    ),
+    (
+        '{"mechanism":"oue","epsilon":1.0,"domain_size":1024}',
+        '{"mechanism":"oue","epsilon":1.0,"domain_size":1024}',
+        "6ce592c5894c8ab3",
+    ),
+    (
+        '{"mechanism":"olh","epsilon":3,"domain_size":100}',
+        '{"mechanism":"olh","epsilon":3.0,"domain_size":100}',
+        "3ad647dedd1af267",
+    ),
+    (
+        '{"mechanism":"hr","epsilon":4.0,"domain_size":33}',
+        '{"mechanism":"hr","epsilon":4.0,"domain_size":33}',
+        "690ba10f33d08af4",
+    ),
+    (
+        '{"mechanism":"auto","epsilon":1.0,"domain_size":8}',
+        '{"mechanism":"auto","epsilon":1.0,"domain_size":8}',
+        "7956d349c31c73f5",
+    ),
+    (
+        '{"mechanism":"lgrr","epsilon":2.0,"epsilon_report":1.0,"domain_size":8}',
+        '{"mechanism":"lgrr","epsilon":2.0,"domain_size":8,"epsilon_report":1.0}',
+        "f8e64ff27b2be370",
+    ),
+    (
+        '{"mechanism":"lsue","epsilon":2.0,"epsilon_report":1.0,"domain_size":8}',
+        '{"mechanism":"lsue","epsilon":2.0,"domain_size":8,"epsilon_report":1.0}',
+        "2c502dd7188e5268",
+    ),
+    (
+        '{"mechanism":"loue","epsilon":2.0,"epsilon_report":1.0,"domain_size":8}',
+        '{"mechanism":"loue","epsilon":2.0,"domain_size":8,"epsilon_report":1.0}',
+        "92fda59d376396a1",
+    ),
+    (
+        '{"mechanism":"losue","epsilon":2.0,"epsilon_report":1.0,"domain_size":8}',
+        '{"mechanism":"losue","epsilon":2.0,"domain_size":8,"epsilon_report":1.0}',
+        "6598899e360e3b03",
+    ),
+    (
+        '{"mechanism":"dbitflip","epsilon":1.0,"domain_size":16}',
+        '{"mechanism":"dbitflip","epsilon":1.0,"domain_size":16,"epsilon_report":1.0,"bits_per_device":1}',
+        "8d4ad360a1052f98",
+    ),
+    (
+        '{"mechanism":"dbitflip","epsilon":1.0,"domain_size":16,"bits_per_device":3}',
+        '{"mechanism":"dbitflip","epsilon":1.0,"domain_size":16,"epsilon_report":1.0,"bits_per_device":3}',
+        "cb8ca78580854680",
+    ),
+    (
+        '{"mechanism":"laplace","epsilon":1,"lower":0,"upper":100}',
+        '{"mechanism":"laplace","epsilon":1.0,"lower":0.0,"upper":100.0}',
+        "a1cc02343bd07d79",
+    ),
+    (
+        '{"mechanism":"laplace","epsilon":1,"lower":0,"upper":100,"grid_steps":64}',
+        '{"mechanism":"laplace","epsilon":1.0,"lower":0.0,"upper":100.0,"grid_steps":64}',
+        "0bbff6e7dde80e24",
+    ),
+    (
+        '{"mechanism":"duchi","epsilon":1,"lower":-1,"upper":1}',
+        '{"mechanism":"duchi","epsilon":1.0,"lower":-1.0,"upper":1.0}',
+        "c6402ed363d85c5b",
+    ),
+    (
+        '{"mechanism":"piecewise","epsilon":1,"lower":0,"upper":10}',
+        '{"mechanism":"piecewise","epsilon":1.0,"lower":0.0,"upper":10.0}',
+        "4d9fc9668fb53c91",
+    ),
+    (
+        '{"mechanism":"onebitmean","epsilon":1,"lower":0,"upper":10}',
+        '{"mechanism":"onebitmean","epsilon":1.0,"lower":0.0,"upper":10.0,"epsilon_report":1.0}',
+        "d41930d8306fefe9",
+    ),
+    (
+        '{"mechanism":"onebitmean","epsilon":1,"lower":0,"upper":10,"flip_probability":0.1,"grid_steps":4}',
+        '{"mechanism":"onebitmean","epsilon":1.0,"lower":0.0,"upper":10.0,"grid_steps":4,"epsilon_report":0.7761365852607373,"flip_probability":0.1}',
+        "5e86ff40b7ae1ced",
+    ),
+    (
+        '{"mechanism":"rappor","num_bits":32,"num_hashes":2,"num_cohorts":64,"f":0.5,"p":0.25,"q":0.75}',
+        '{"mechanism":"rappor","epsilon":2.0433024950639624,"num_bits":32,"num_hashes":2,"num_cohorts":64,"f":0.5,"p":0.25,"q":0.75}',
+        "93eebdf6a910e310",
+    ),
+    (
+        '{"mechanism":"cms","epsilon":4,"sketch_width":1024,"sketch_depth":64}',
+        '{"mechanism":"cms","epsilon":4.0,"sketch_width":1024,"sketch_depth":64}',
+        "0dcd88e6097fe6b8",
+    ),
+    (
+        '{"mechanism":"hcms","epsilon":4,"sketch_width":1024,"sketch_depth":64}',
+        '{"mechanism":"hcms","epsilon":4.0,"sketch_width":1024,"sketch_depth":64}',
+        "fdeaf457449fd625",
+    ),
+    (
+        '{"mechanism":"pem","epsilon":4,"max_length":8}',
+        '{"mechanism":"pem","epsilon":4.0,"max_length":8}',
+        "fceb70713c0e57bd",
+    ),
+    (
+        '{"mechanism":"sfp","epsilon":4,"sketch_width":256,"sketch_depth":16,"max_length":8}',
+        '{"mechanism":"sfp","epsilon":4.0,"sketch_width":256,"sketch_depth":16,"max_length":8}',
+        "1ea7dd64b3e52405",
+    ),
+]
+
+
+@pytest.mark.parametrize(("given", "published", "digest"), PUBLISHED)
+def test_published_specs_and_their_hashes_are_unchanged(
+    given: str, published: str, digest: str
+) -> None:
+    spec = MechanismSpec.model_validate_json(given)
+    assert spec.model_dump_json() == published
+    metric = MetricSpec(name="m", version=1, mechanism=spec.model_dump(), labels=None)
+    assert spec_hash(metric).hex()[:16] == digest
 
 
 def test_an_unknown_name_lists_the_known_ones() -> None:
