@@ -34,8 +34,7 @@ import numpy as np
 
 from aggregator.ingest import utc_now
 from aggregator.service import Aggregator
-from shared.mechanisms import CategoricalMechanism, Mechanism, NumericMechanism, Rappor
-from shared.mechanisms.strings import OpenStringMechanism
+from shared.mechanisms import DeviceContext, Mechanism, as_categorical, as_numeric
 from shared.schemas import MetricSpec, Report, ReportBatch
 
 #: Hours back from the current one that receive reports (fewer if the service keeps
@@ -101,41 +100,38 @@ def fill_demo_data(
     return stored
 
 
-def simulated_values(metric: MetricSpec, mechanism: Mechanism, n: int) -> np.ndarray | None:
+def simulated_values(metric: MetricSpec, mechanism: Mechanism[Any], n: int) -> np.ndarray | None:
     """The ``n`` simulated devices' true values for ``metric`` (the module docstring's
     populations), from a generator seeded by ``POPULATION_SEED`` and the metric's name;
     None for a metric the demo cannot simulate (a string metric without candidate strings)."""
     population = np.random.default_rng([POPULATION_SEED, zlib.crc32(metric.name.encode())])
-    if isinstance(mechanism, Rappor | OpenStringMechanism):
-        limit = metric.mechanism.max_length
+    if mechanism.kind == "string":
+        limit = getattr(metric.mechanism, "max_length", None)  # pem, sfp: the longest string
         fitting = [s for s in metric.labels or () if limit is None or len(s.encode()) <= limit]
         if not fitting:
             return None
         labels = np.array(fitting, dtype=object)
         return labels[population.choice(labels.size, size=n, p=zipf_shares(labels.size))]
-    if isinstance(mechanism, CategoricalMechanism):
-        d = mechanism.domain_size
+    if (categories := as_categorical(mechanism)) is not None:
+        d = categories.domain_size
         return population.choice(d, size=n, p=zipf_shares(d))
-    if isinstance(mechanism, NumericMechanism):
-        span = mechanism.upper - mechanism.lower
-        return mechanism.lower + span * population.beta(2.0, 5.0, size=n)
+    if (numbers := as_numeric(mechanism)) is not None:
+        span = numbers.upper - numbers.lower
+        return numbers.lower + span * population.beta(2.0, 5.0, size=n)
     return None
 
 
 def _perturbed_payloads(
-    metric: MetricSpec, mechanism: Mechanism, n: int, rng: np.random.Generator | None
+    metric: MetricSpec, mechanism: Mechanism[Any], n: int, rng: np.random.Generator | None
 ) -> list[dict[str, Any]] | None:
     """The wire payloads of ``n`` simulated devices' reports, each device's value encoded
     by the metric's mechanism; None where ``simulated_values`` has no population."""
     values = simulated_values(metric, mechanism, n)
     if values is None:
         return None
-    if isinstance(mechanism, Rappor):
-        secrets = np.frombuffer(_random_bytes(SECRET_BYTES * n, rng), dtype=np.uint8)
-        secrets = secrets.reshape(n, SECRET_BYTES)
-        cohorts = [mechanism.assign_cohort(row.tobytes()) for row in secrets]
-        return mechanism.to_payloads(mechanism.encode(values.tolist(), cohorts, secrets, rng))
-    return mechanism.to_payloads(mechanism.encode(values, rng))
+    secrets = np.frombuffer(_random_bytes(SECRET_BYTES * n, rng), dtype=np.uint8)
+    context = DeviceContext(secrets=secrets.reshape(n, SECRET_BYTES))  # fresh devices
+    return mechanism.to_payloads(mechanism.encode(values.tolist(), rng, context))
 
 
 def _random_bytes(size: int, rng: np.random.Generator | None) -> bytes:

@@ -48,7 +48,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -64,8 +64,17 @@ from aggregator.value_listing import (
     encode_vector,
 )
 from shared.estimates import Estimate, MeanEstimate, StdMethod, z_value
-from shared.mechanisms import Mechanism, Rappor, RapporEstimate, pem, sfp
-from shared.mechanisms.strings import OpenStringMechanism
+from shared.mechanisms import (
+    Discovery,
+    Mechanism,
+    as_candidate_queries,
+    as_categorical,
+    as_memoized,
+    as_numeric,
+    pem,
+    sfp,
+)
+from shared.mechanisms.rappor_common import RapporEstimate
 from shared.schemas import MetricSpec
 from shared.statistics import CountStatistics, MomentStatistics
 
@@ -163,7 +172,7 @@ class ReleasedBuckets:
 
 
 def merged_statistics(
-    mechanism: Mechanism, rows: Iterable[PartialRow]
+    mechanism: Mechanism[Any], rows: Iterable[PartialRow]
 ) -> CountStatistics | MomentStatistics:
     """The statistics of ``rows`` summed into one accumulator (``merge_many``, not pairwise)."""
     return mechanism.empty_statistics().merge_many(
@@ -512,7 +521,7 @@ class SeriesOut(BaseModel):
 
 def build_estimate(
     metric: MetricSpec,
-    mechanism: Mechanism,
+    mechanism: Mechanism[Any],
     stats: CountStatistics | MomentStatistics,
     window: EstimateWindow,
     released: ReleasedBuckets,
@@ -525,36 +534,16 @@ def build_estimate(
     (``Listing``). ValueError for a view that cannot be served."""
     check_view(metric, view)
     base = _base(metric, stats.n, window, released)
-    if isinstance(mechanism, Rappor | OpenStringMechanism):
+    if (strings := as_candidate_queries(mechanism)) is not None:
+        assert isinstance(stats, CountStatistics)  # string mechanisms keep counts
         listed = estimated_strings(metric, candidates)
-        if isinstance(mechanism, Rappor):
-            assert isinstance(stats, CountStatistics)
-            return base | _rappor_estimate(mechanism, mechanism.estimate(stats, candidates=listed))
-        items = _string_items(listed, mechanism.estimate(stats, listed))
-        return (
-            base
-            | dict.fromkeys(_RAPPOR_FIELDS)
-            | {"kind": "string", "candidates": [item | {"detected": None} for item in items]}
-        )
-    result = mechanism.estimate(stats)
-    if isinstance(result, MeanEstimate):
-        low, high = result.ci(CONFIDENCE)
-        population_low, population_high = result.ci(CONFIDENCE, population=True)
-        return base | {
-            "kind": "numeric",
-            "mean": result.mean,
-            "std": result.std,
-            "std_method": result.std_method,
-            "ci_low": low,
-            "ci_high": high,
-            "population_std": result.population_std,
-            "population_ci_low": population_low,
-            "population_ci_high": population_high,
-            "lower": result.lower,
-            "upper": result.upper,
-            "postprocessed_mean": result.postprocessed(),
-        }
-    assert isinstance(result, Estimate)
+        return base | _string_estimate(mechanism, strings.estimate(stats, listed), listed)
+    if (numbers := as_numeric(mechanism)) is not None:
+        assert isinstance(stats, MomentStatistics)  # numeric mechanisms keep moments
+        return base | _mean_estimate(numbers.estimate(stats))
+    categories = as_categorical(mechanism)
+    assert categories is not None and isinstance(stats, CountStatistics)  # the last kind
+    result = categories.estimate(stats)
     listing = Listing.of(metric, result.frequencies, view)
     projected = result.postprocessed().frequencies
     answer: dict[str, object] = {"kind": "categorical", "resolved_mechanism": mechanism.name}
@@ -567,6 +556,26 @@ def build_estimate(
     else:
         answer |= _frequency_items(metric, result, projected, listing.indices) | {"vectors": None}
     return base | answer | listing.as_json()
+
+
+def _mean_estimate(result: MeanEstimate) -> dict[str, object]:
+    """A numeric estimate's own fields (``NumericEstimateOut``)."""
+    low, high = result.ci(CONFIDENCE)
+    population_low, population_high = result.ci(CONFIDENCE, population=True)
+    return {
+        "kind": "numeric",
+        "mean": result.mean,
+        "std": result.std,
+        "std_method": result.std_method,
+        "ci_low": low,
+        "ci_high": high,
+        "population_std": result.population_std,
+        "population_ci_low": population_low,
+        "population_ci_high": population_high,
+        "lower": result.lower,
+        "upper": result.upper,
+        "postprocessed_mean": result.postprocessed(),
+    }
 
 
 def _frequency_items(
@@ -646,7 +655,7 @@ def estimated_strings(metric: MetricSpec, candidates: list[str] | None) -> list[
 
 def series_strings(
     metric: MetricSpec,
-    mechanism: Mechanism,
+    mechanism: Mechanism[Any],
     grid: SeriesGrid,
     candidates: list[str] | None,
     view: ValueView = DEFAULT_VIEW,
@@ -661,10 +670,10 @@ def series_strings(
     check_view(metric, view)
     listed = (
         estimated_strings(metric, candidates)
-        if isinstance(mechanism, Rappor | OpenStringMechanism)
+        if as_candidate_queries(mechanism) is not None
         else None
     )
-    values = series_values(metric, listed, view)
+    values = series_values(mechanism, listed, view)
     if grid.count * values > MAX_SERIES_VALUES:
         narrower = (
             f"fewer categories (values=..., or limit=; each step lists {values // 2:,})"
@@ -681,7 +690,7 @@ def series_strings(
 
 def build_series(
     metric: MetricSpec,
-    mechanism: Mechanism,
+    mechanism: Mechanism[Any],
     rows: Sequence[PartialRow],
     grid: SeriesGrid,
     min_reports: int,
@@ -733,22 +742,21 @@ def build_series(
 
 
 def series_values(
-    metric: MetricSpec, candidates: list[str] | None, view: ValueView = DEFAULT_VIEW
+    mechanism: Mechanism[Any], candidates: list[str] | None, view: ValueView = DEFAULT_VIEW
 ) -> int:
     """How many values one step's estimate holds: the categories ``view`` lists (each with
     its post-processed twin, so two per category), its candidate strings, or one mean."""
     if candidates is not None:
         return len(candidates)
-    if metric.mechanism.kind == "categorical":
-        assert metric.mechanism.domain_size is not None
-        return 2 * view.listed_count(metric.mechanism.domain_size)
+    if (categories := as_categorical(mechanism)) is not None:
+        return 2 * view.listed_count(categories.domain_size)
     return 1
 
 
 def build_heavy_hitters(
     metric: MetricSpec,
-    mechanism: OpenStringMechanism,
-    stats: CountStatistics | MomentStatistics,
+    mechanism: Discovery,
+    stats: CountStatistics,
     window: EstimateWindow,
     released: ReleasedBuckets,
     k: int,
@@ -772,7 +780,7 @@ def _base(
         "version": metric.version,
         "mechanism": metric.mechanism.mechanism,
         "epsilon": metric.mechanism.epsilon,
-        "epsilon_report": metric.mechanism.epsilon_report if metric.mechanism.is_memoized else None,
+        "epsilon_report": metric.mechanism.report_epsilon if metric.mechanism.is_memoized else None,
         "n": n,
         "confidence": CONFIDENCE,
         "window": window.as_json(),
@@ -797,13 +805,24 @@ def _string_items(strings: Sequence[str], result: Estimate) -> list[dict[str, ob
     ]
 
 
-def _rappor_estimate(mechanism: Rappor, result: RapporEstimate) -> dict[str, object]:
+def _string_estimate(
+    mechanism: Mechanism[Any], result: Estimate, listed: list[str]
+) -> dict[str, object]:
+    """A string estimate's own fields (``StringEstimateOut``): the candidates' estimates,
+    and what a decoder with detection (RAPPOR's ``RapporEstimate``) adds; null otherwise."""
+    if not isinstance(result, RapporEstimate):
+        items = _string_items(listed, result)
+        return dict.fromkeys(_RAPPOR_FIELDS) | {
+            "kind": "string",
+            "candidates": [item | {"detected": None} for item in items],
+        }
+    lifelong = as_memoized(mechanism)
     items = _string_items(result.candidates, result)
     for item, detected in zip(items, result.detected.tolist(), strict=True):
         item["detected"] = bool(detected)
     return {
         "kind": "string",
-        "epsilon_infinity": mechanism.epsilon_infinity,
+        "epsilon_infinity": lifelong.epsilon_lifetime if lifelong is not None else None,
         "candidates": items,
         "detected": [item.string for item in result.detected_strings(CONFIDENCE)],
         "explained_mass": result.explained_mass,

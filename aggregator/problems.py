@@ -18,6 +18,8 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute
 
+from shared.schemas import error_location
+
 try:
     from fastapi.routing import iter_route_contexts
 except ImportError:  # FastAPI before 0.137.2 copies included routes into app.routes
@@ -117,7 +119,7 @@ async def handle_validation(request: Request, error: Exception) -> JSONResponse:
 
 
 def _located(item: dict[str, Any]) -> dict[str, Any]:
-    location = [str(part) for part in item.get("loc", ())]
+    location = error_location(item.get("loc", ()))
     report = None
     if len(location) >= 3 and location[:2] == ["body", "reports"] and location[2].isdigit():
         report = int(location[2])

@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from shared.schemas import NAME_PATTERN, MechanismSpec, MetricDefinition
+from shared.schemas import NAME_PATTERN, MechanismSpec, MetricDefinition, error_location
 
 #: Metric names: lower-case letters, digits, '.', '_' and '-', starting with a letter or digit.
 METRIC_NAME = NAME_PATTERN
@@ -58,7 +58,7 @@ def parse_definition(name: str, body: Any, source: str) -> MetricDefinition:
         return MetricDefinition.model_validate(body)
     except ValidationError as error:
         problems = "; ".join(
-            f"{'.'.join(str(part) for part in item['loc']) or 'metric'}: {item['msg']}"
+            f"{'.'.join(error_location(item['loc'])) or 'metric'}: {item['msg']}"
             for item in error.errors()
         )
         raise ValueError(f"{source}: metric {name!r}: {problems}") from None

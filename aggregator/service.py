@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from aggregator.auth import KeyRing
 from aggregator.catalog import Catalog
@@ -36,8 +37,7 @@ from aggregator.repositories.reports import ReportsRepository
 from aggregator.settings import Settings
 from aggregator.storage import Repositories, StorageHealth, StorageUnavailableError
 from aggregator.value_listing import DEFAULT_VIEW, ValueView
-from shared.mechanisms import Mechanism, make_mechanism
-from shared.mechanisms.strings import OpenStringMechanism
+from shared.mechanisms import Mechanism, as_discovery, make_mechanism
 from shared.schemas import (
     IngestResult,
     MetricDefinition,
@@ -253,7 +253,8 @@ class Aggregator:
         cannot be used.
         """
         metric, mechanism = self._metric(name, version)
-        if not (isinstance(mechanism, OpenStringMechanism) and mechanism.discovers):
+        finder = as_discovery(mechanism)
+        if finder is None:
             hint = (
                 f"; estimate given strings with GET /v1/metrics/{metric.name}/estimate"
                 "?candidates=..."
@@ -268,11 +269,12 @@ class Aggregator:
             raise InvalidEstimateError(f"k must lie in 1..{MAX_HEAVY_HITTERS}, got {k}")
         try:
             window, released, stats = self._released(metric, mechanism, start, end, None)
-            return build_heavy_hitters(metric, mechanism, stats, window, released, k)
+            assert isinstance(stats, CountStatistics)  # string mechanisms keep counts
+            return build_heavy_hitters(metric, finder, stats, window, released, k)
         except ValueError as error:
             raise InvalidEstimateError(str(error)) from None
 
-    def _metric(self, name: str, version: int | None) -> tuple[MetricSpec, Mechanism]:
+    def _metric(self, name: str, version: int | None) -> tuple[MetricSpec, Mechanism[Any]]:
         """The metric version (latest by default) and its mechanism, or ``UnknownMetricError``."""
         metric = self.catalog.get(name, version)
         if metric is None:
@@ -285,7 +287,7 @@ class Aggregator:
     def _released(
         self,
         metric: MetricSpec,
-        mechanism: Mechanism,
+        mechanism: Mechanism[Any],
         start: datetime | None,
         end: datetime | None,
         now: datetime | None,
@@ -313,7 +315,9 @@ class Aggregator:
             if mechanism is None:
                 continue
 
-            def merge(blobs: list[bytes], mechanism: Mechanism = mechanism) -> tuple[int, bytes]:
+            def merge(
+                blobs: list[bytes], mechanism: Mechanism[Any] = mechanism
+            ) -> tuple[int, bytes]:
                 total = mechanism.empty_statistics().merge_many(
                     mechanism.statistics_from_bytes(blob) for blob in blobs
                 )

@@ -78,11 +78,18 @@ from client.outbox import Outbox
 from client.specs import SpecCache, SpecError
 from client.transport import RetryPolicy, ServerClock, Uploader, UploadError
 from shared.hashing import keyed_digest
-from shared.mechanisms import Mechanism, Rappor, make_mechanism
-from shared.mechanisms.memoized import MemoizedMechanism
-from shared.mechanisms.strings import OpenStringMechanism, utf8_values
+from shared.mechanisms import (
+    DeviceContext,
+    Mechanism,
+    Memoized,
+    as_categorical,
+    as_memoized,
+    as_numeric,
+    make_mechanism,
+)
+from shared.mechanisms.strings import utf8_values
 from shared.memo import KeyedMemo, spec_scope
-from shared.schemas import MechanismSpec, MetricSpec
+from shared.schemas import MetricSpec
 
 DIRECTORY_LOCK_FILE = "client.lock"
 #: Domain separation of a spec's RAPPOR secret from every other use of the device secret.
@@ -137,9 +144,10 @@ class TelemetryClient:
             event_hooks={"response": [self._server_clock.observe]},
         )
         self._specs = SpecCache(state, self._fetch_specs, spec_refresh_seconds)
-        #: Mechanisms and memos by spec hash: specs checked against the limits and pinned.
-        self._mechanisms: dict[bytes, Mechanism] = {}
-        self._memos: dict[bytes, KeyedMemo] = {}
+        #: Mechanisms and device contexts by spec hash: specs checked against the limits
+        #: and pinned.
+        self._mechanisms: dict[bytes, Mechanism[Any]] = {}
+        self._contexts: dict[bytes, DeviceContext] = {}
         self._uploader = Uploader(
             self._outbox,
             self._post_batch,
@@ -156,43 +164,43 @@ class TelemetryClient:
     def record(self, metric: str, value: str | int | float | np.integer | np.floating) -> None:
         """Report a category (its label, or its index) or a number for ``metric``."""
         spec, digest, mechanism = self._lookup(metric)
-        kind = spec.mechanism.kind
-        if kind == "string":
+        if (categories := as_categorical(mechanism)) is not None:
+            values = category_index(spec, categories.domain_size, value)
+        elif as_numeric(mechanism) is not None:
+            values = numeric_value(metric, value)
+        else:
             raise SpecError(
                 f"{metric} collects strings ({spec.mechanism.mechanism}): use record_string"
             )
-        encoded = (
-            category_index(spec, value) if kind == "categorical" else numeric_value(metric, value)
-        )
-        if isinstance(mechanism, MemoizedMechanism):
-            memo = self._memo(digest)
-            key = int(mechanism.memo_keys(encoded, memo)[0])
-            cost = memoized_cost(mechanism)
-            self._ledger.debit_memoized(metric, digest, memo_key_bytes(key), cost)
-            # Every memoized mechanism's encode takes the memo (shared.mechanisms.memoized).
-            reports = mechanism.encode(encoded, memo=memo)
-        else:
-            self._ledger.debit(metric, spec.mechanism.epsilon)
-            reports = mechanism.encode(encoded)
-        self._enqueue(spec, mechanism.to_payloads(reports)[0])
+        self._report(spec, digest, mechanism, values)
 
     def record_string(self, metric: str, value: str) -> None:
         """Report a string for a string metric: RAPPOR (memoized per device and spec), or
         ``cms``, ``hcms``, ``pem``, ``sfp`` (one report, charged ``epsilon``)."""
         spec, digest, mechanism = self._lookup(metric)
-        if isinstance(mechanism, OpenStringMechanism):
-            checked_string(metric, value, spec.mechanism.max_length)
-            self._ledger.debit(metric, spec.mechanism.epsilon)
-            reports = mechanism.encode([value], memo=self._memo(digest))
-        elif isinstance(mechanism, Rappor):
-            encoded = checked_string(metric, value)
-            cost = memoized_cost(mechanism)
-            secret = rappor_secret(self._ledger.device_secret, digest)
-            cohort = mechanism.assign_cohort(secret)
-            self._ledger.debit_memoized(metric, digest, encoded, cost)
-            reports = mechanism.encode([value], np.array([cohort]), [secret])
+        if mechanism.kind != "string":
+            raise SpecError(f"{metric} is a {mechanism.kind} metric: use record")
+        checked_string(metric, value)
+        self._report(spec, digest, mechanism, [value])
+
+    def _report(
+        self, spec: MetricSpec, digest: bytes, mechanism: Mechanism[Any], values: Any
+    ) -> None:
+        """Encode one value with the device's context for the spec, charge the ledger what
+        the report costs (``epsilon_report``, and a memoized mechanism's lifetime epsilon on
+        a value's first report), then queue it. A value the mechanism refuses raises
+        ``ValueError`` naming the metric, before anything is spent or queued."""
+        context = self._context(digest)
+        try:
+            reports = mechanism.encode(values, context=context)
+        except ValueError as error:
+            raise ValueError(f"{spec.name}: {error}") from None
+        lifelong = as_memoized(mechanism)
+        if lifelong is None:
+            self._ledger.debit(spec.name, spec.mechanism.report_epsilon)
         else:
-            raise SpecError(f"{metric} is a {spec.mechanism.kind} metric: use record")
+            key = lifelong.ledger_keys(values, context)[0]
+            self._ledger.debit_memoized(spec.name, digest, key, memoized_cost(lifelong, spec))
         self._enqueue(spec, mechanism.to_payloads(reports)[0])
 
     def budget(self) -> BudgetStatus:
@@ -252,7 +260,7 @@ class TelemetryClient:
 
     # --- internals ---------------------------------------------------------------------
 
-    def _lookup(self, metric: str) -> tuple[MetricSpec, bytes, Mechanism]:
+    def _lookup(self, metric: str) -> tuple[MetricSpec, bytes, Mechanism[Any]]:
         """The metric's current spec, its spec hash and its mechanism; on the first use of
         a spec, checked against the device's limits and pinned in the ledger (or
         ``SpecError``, ``SpecChangedError``: nothing spent or queued)."""
@@ -267,13 +275,17 @@ class TelemetryClient:
             self._mechanisms[digest] = mechanism
         return spec, digest, mechanism
 
-    def _memo(self, digest: bytes) -> KeyedMemo:
-        """The device's memo for the spec of hash ``digest`` (kept while the client lives,
-        so that its streams are hashed once)."""
-        memo = self._memos.get(digest)
-        if memo is None:
-            memo = self._memos[digest] = KeyedMemo(self._ledger.device_secret, spec_scope(digest))
-        return memo
+    def _context(self, digest: bytes) -> DeviceContext:
+        """What this device keeps for the spec of hash ``digest``: its memo (permanent
+        randomness) and its RAPPOR secret, both derived from the device secret and the spec
+        hash (kept while the client lives, so that the memo's streams are hashed once)."""
+        context = self._contexts.get(digest)
+        if context is None:
+            secret = self._ledger.device_secret
+            context = self._contexts[digest] = DeviceContext(
+                memo=KeyedMemo(secret, spec_scope(digest)), secrets=rappor_secret(secret, digest)
+            )
+        return context
 
     def _enqueue(self, spec: MetricSpec, payload: dict[str, Any]) -> None:
         report = {
@@ -312,39 +324,33 @@ class TelemetryClient:
                 self._saved_offset = offset
 
 
-def memoized_cost(mechanism: Mechanism) -> MemoizedCost:
+def memoized_cost(mechanism: Memoized, spec: MetricSpec) -> MemoizedCost:
     """What a report of a memoized mechanism costs the ledger: the lifetime epsilon of one
-    memo key and the epsilon of one report (``epsilon`` and ``epsilon_report``; RAPPOR:
-    epsilon_infinity and epsilon_one). A memoized mechanism whose lifetime epsilon is
-    unbounded (RAPPOR with f = 0: the permanent response is the Bloom filter itself) is
-    refused, and so is a mechanism that does not memoize."""
-    if isinstance(mechanism, Rappor):
-        per_value, per_report = mechanism.epsilon_infinity, mechanism.epsilon_one
-        if not math.isfinite(per_value):
-            raise SpecError(
-                f"rappor with f = {mechanism.f:g}: repeated reports of one value have no "
-                "privacy bound (epsilon_infinity is infinite); refused"
-            )
-    elif isinstance(mechanism, MemoizedMechanism):
-        per_value, per_report = mechanism.epsilon_lifetime, mechanism.epsilon_report
-    else:
-        raise SpecError(f"{mechanism.name} is not a memoized mechanism")
-    return MemoizedCost(per_value, per_report)
+    ledger key and the epsilon of one report (``epsilon`` and ``epsilon_report``; RAPPOR:
+    epsilon_infinity and epsilon_one). A mechanism whose lifetime epsilon is unbounded
+    (RAPPOR with f = 0: the permanent response is the Bloom filter itself) is refused."""
+    per_value = mechanism.epsilon_lifetime
+    if not math.isfinite(per_value):
+        raise SpecError(
+            f"{spec.name} ({spec.mechanism.mechanism}): repeated reports of one value have no "
+            "privacy bound (the lifetime epsilon is infinite); refused"
+        )
+    return MemoizedCost(per_value, mechanism.epsilon_report)
 
 
-def check_limits(spec: MetricSpec, mechanism: Mechanism, limits: BudgetLimits) -> None:
+def check_limits(spec: MetricSpec, mechanism: Mechanism[Any], limits: BudgetLimits) -> None:
     """Refuse (``SpecError``) a spec whose one report, or one memoized value for life,
     would cost more than the device's limit of that kind, or than its lifetime total."""
     name = f"{spec.name} version {spec.version}"
-    per_report = report_epsilon(spec.mechanism)
+    per_report = spec.mechanism.report_epsilon
     if per_report > limits.max_epsilon_per_report:
         raise SpecError(
             f"{name} asks for epsilon {per_report:g} per report, above this device's limit "
             f"of {limits.max_epsilon_per_report:g}: refused"
         )
     most = per_report
-    if isinstance(mechanism, MemoizedMechanism | Rappor):
-        most = memoized_cost(mechanism).per_value
+    if (lifelong := as_memoized(mechanism)) is not None:
+        most = memoized_cost(lifelong, spec).per_value
         if most > limits.max_value_lifetime_epsilon:
             raise SpecError(
                 f"{name} charges epsilon {most:g} for life per value it memoizes, above this "
@@ -363,21 +369,6 @@ def rappor_secret(device_secret: bytes, spec_hash: bytes) -> bytes:
     device's RAPPOR cohort and permanent responses for one spec (never for a metric name
     alone: two versions, or two specs under one version, get independent ones)."""
     return keyed_digest(device_secret, RAPPOR_SECRET_LABEL + spec_hash)
-
-
-def report_epsilon(spec: MechanismSpec) -> float:
-    """What one report of ``spec`` reveals, the figure the device's per-report limit is
-    about: ``epsilon_report`` for a memoized mechanism, ``epsilon`` otherwise (RAPPOR's
-    ``epsilon`` is its epsilon_one)."""
-    if spec.is_memoized:
-        assert spec.epsilon_report is not None  # required or filled in by MechanismSpec
-        return spec.epsilon_report
-    return spec.epsilon
-
-
-def memo_key_bytes(key: int) -> bytes:
-    """A memo key as the ledger identifies it: 8 bytes, big-endian, two's complement."""
-    return key.to_bytes(8, "big", signed=True)
 
 
 @functools.cache
@@ -432,11 +423,9 @@ def _hour_stamp(seconds: float) -> str:
     return _hour_cache[1]
 
 
-def category_index(spec: MetricSpec, value: object) -> np.ndarray:
-    """The category index of ``value`` (a label, or an index 0..d-1), as the one-element
+def category_index(spec: MetricSpec, size: int, value: object) -> np.ndarray:
+    """The category index of ``value`` (a label, or an index 0..size-1), as the one-element
     array ``encode`` takes; ``ValueError`` or ``TypeError`` saying what is wrong."""
-    size = spec.mechanism.domain_size
-    assert size is not None
     if isinstance(value, str):
         labels = spec.labels or ()
         if value not in labels:
@@ -452,12 +441,11 @@ def category_index(spec: MetricSpec, value: object) -> np.ndarray:
     return np.array([int(value)])
 
 
-def checked_string(metric: str, value: str, max_length: int | None = None) -> bytes:
-    """``value``'s UTF-8 bytes, once it is a ``str`` (no lone surrogates) of at most
-    ``max_length`` bytes when given (``utf8_values``); ``TypeError`` or ``ValueError``
-    naming the metric and what is wrong."""
+def checked_string(metric: str, value: str) -> bytes:
+    """``value``'s UTF-8 bytes, once it is a ``str`` without lone surrogates
+    (``utf8_values``); ``TypeError`` or ``ValueError`` naming the metric and what is wrong."""
     try:
-        return utf8_values([value], max_length)[0]
+        return utf8_values([value])[0]
     except (TypeError, ValueError) as error:
         raise type(error)(f"{metric}: record_string: {error}") from None
 

@@ -51,7 +51,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from aggregator.deps import MetricName, TaskName
 from aggregator.service import Aggregator, StorageUnavailableError
-from shared.schemas import MetricSpec, rappor_epsilon_infinity
+from shared.mechanisms import Mechanism, as_categorical, as_memoized, as_numeric, make_mechanism
+from shared.schemas import MetricSpec
 
 __all__ = ["CONTENT_SECURITY_POLICY", "UI_PREFIX", "add_dashboard_assets", "router"]
 
@@ -126,18 +127,14 @@ class PrivacyPromise:
     parameters: tuple[tuple[str, object], ...]
 
     @classmethod
-    def of(cls, metric: MetricSpec, resolved: str | None) -> PrivacyPromise:
+    def of(cls, metric: MetricSpec, mechanism: Mechanism[Any]) -> PrivacyPromise:
         spec = metric.mechanism
         lifetime: float | None = None
         epsilon_report: float | None = None
-        meaning = "per report"
-        if spec.is_memoized:
-            lifetime, epsilon_report = spec.epsilon, spec.epsilon_report
-            meaning = "lifetime bound per distinct value"
-        elif spec.mechanism == "rappor":
-            assert spec.num_hashes is not None and spec.f is not None
-            lifetime = rappor_epsilon_infinity(spec.num_hashes, spec.f)
-            epsilon_report = spec.epsilon
+        meaning = "lifetime bound per distinct value" if spec.is_memoized else "per report"
+        if (lifelong := as_memoized(mechanism)) is not None:
+            lifetime, epsilon_report = lifelong.epsilon_lifetime, lifelong.epsilon_report
+        resolved = mechanism.name
         labels = tuple(metric.labels or ())
         shown = spec.model_dump(exclude={"mechanism", "epsilon", "epsilon_report"})
         return cls(
@@ -152,25 +149,25 @@ class PrivacyPromise:
             epsilon_meaning=meaning,
             epsilon_report=epsilon_report,
             lifetime=lifetime,
-            domain=_domain(metric),
+            domain=_domain(metric, mechanism),
             labels=labels[:LISTED_LABELS],
             more_labels=max(0, len(labels) - LISTED_LABELS),
             parameters=tuple(sorted(shown.items())),
         )
 
 
-def _domain(metric: MetricSpec) -> str:
+def _domain(metric: MetricSpec, mechanism: Mechanism[Any]) -> str:
     """The values a metric takes, in words."""
-    spec = metric.mechanism
-    if spec.kind == "categorical":
-        return f"{spec.domain_size} categories"
-    if spec.kind == "numeric":
+    if (categories := as_categorical(mechanism)) is not None:
+        return f"{categories.domain_size} categories"
+    if (numbers := as_numeric(mechanism)) is not None:
         unit = f" {metric.unit}" if metric.unit else ""
-        return f"numbers clipped to [{spec.lower:g}, {spec.upper:g}]{unit}"
+        return f"numbers clipped to [{numbers.lower:g}, {numbers.upper:g}]{unit}"
     count = len(metric.labels or ())
     candidates = f"{count or 'no'} candidate string{'s' * (count != 1)}"
-    if spec.max_length is not None:
-        return f"strings of up to {spec.max_length} bytes; {candidates}"
+    longest = getattr(metric.mechanism, "max_length", None)  # pem, sfp: the longest string
+    if longest is not None:
+        return f"strings of up to {longest} bytes; {candidates}"
     return f"strings; {candidates}"
 
 
@@ -223,7 +220,7 @@ def _promises(service: Aggregator, metrics: list[MetricSpec]) -> list[PrivacyPro
     promises = []
     for metric in metrics:
         mechanism = service.catalog.mechanism(metric.name, metric.version)
-        promises.append(PrivacyPromise.of(metric, mechanism.name if mechanism else None))
+        promises.append(PrivacyPromise.of(metric, mechanism or make_mechanism(metric.mechanism)))
     return promises
 
 

@@ -1,87 +1,65 @@
-"""The mechanism library: one module per mechanism, built from a ``MechanismSpec``.
+"""The mechanism library: one plug-in module per mechanism, built from its spec.
 
     >>> from shared.schemas import MechanismSpec
     >>> from shared.mechanisms import make_mechanism
     >>> mech = make_mechanism(MechanismSpec(mechanism="oue", epsilon=2.0, domain_size=1024))
 
-``MECHANISMS`` maps every wire name to its class; ``auto`` resolves to the
-lowest-variance categorical mechanism for the spec's (epsilon, d). Each class has
-a ``kind``: ``"categorical"``, ``"numeric"`` or ``"string"`` (``rappor``, whose
-``encode`` also takes cohorts and device secrets, and whose ``estimate`` takes
-candidate strings). Memoized mechanisms (``lgrr``, ``lsue``, ``loue``, ``losue``,
-``dbitflip``, ``onebitmean``) are ``MemoizedMechanism``s too (``shared.mechanisms.memoized``):
-their ``encode`` also takes a ``memo``, the devices' permanent randomness.
+Each module in ``PLUGINS`` defines a spec model (its fields, ``shared.mechanisms.spec``)
+and a mechanism class, registered with ``@register`` (``shared.mechanisms.registry``);
+``MECHANISMS`` maps every wire name to its class, and ``auto`` resolves to the
+lowest-variance categorical mechanism for the spec's (epsilon, d). What a caller may do
+with a mechanism beyond encoding and aggregating is asked of it as an ability
+(``shared.mechanisms.abilities``: ``categorical``, ``numeric``, ``candidate_queries``,
+``discovery``, ``memoized``), and per-device state reaches ``encode`` as one
+``DeviceContext``. A new mechanism is a new module and one line in ``PLUGINS``.
 """
 
 from __future__ import annotations
 
-from shared.mechanisms.auto import resolve_auto
+import importlib
+
+from shared.mechanisms.abilities import (
+    FRESH,
+    CandidateQueries,
+    CategoricalValues,
+    DeviceContext,
+    Discovery,
+    Memoized,
+    NumericValues,
+    as_candidate_queries,
+    as_categorical,
+    as_discovery,
+    as_memoized,
+    as_numeric,
+)
 from shared.mechanisms.base import Mechanism
-from shared.mechanisms.categorical import CategoricalMechanism
-from shared.mechanisms.dbitflip import DBitFlip
-from shared.mechanisms.duchi import DuchiMean
-from shared.mechanisms.grr import GeneralizedRandomizedResponse
-from shared.mechanisms.hr import HadamardResponse
-from shared.mechanisms.laplace import DiscreteLaplace
-from shared.mechanisms.lgrr import LongitudinalGRR
-from shared.mechanisms.lue import LongitudinalOSUE, LongitudinalOUE, LongitudinalSUE
-from shared.mechanisms.memoized import MemoizedMechanism
-from shared.mechanisms.numeric import NumericMechanism
-from shared.mechanisms.olh import OptimizedLocalHashing
-from shared.mechanisms.onebitmean import OneBitMean
-from shared.mechanisms.pem import PrefixExtendingMethod
-from shared.mechanisms.piecewise import PiecewiseMechanism
-from shared.mechanisms.rappor import Rappor, RapporEstimate
-from shared.mechanisms.sfp import SequenceFragmentPuzzle
-from shared.mechanisms.sketch import CountMeanSketch, HadamardCountMeanSketch
-from shared.mechanisms.unary import OptimizedUnaryEncoding, SymmetricUnaryEncoding
-from shared.schemas import MechanismSpec
+from shared.mechanisms.registry import MECHANISMS, make_mechanism, register
+from shared.mechanisms.spec import MechanismSpec
 
-MECHANISMS: dict[str, type[Mechanism]] = {
-    cls.name: cls
-    for cls in (
-        GeneralizedRandomizedResponse,
-        SymmetricUnaryEncoding,
-        OptimizedUnaryEncoding,
-        OptimizedLocalHashing,
-        HadamardResponse,
-        DiscreteLaplace,
-        DuchiMean,
-        PiecewiseMechanism,
-        Rappor,
-        LongitudinalGRR,
-        OneBitMean,
-        DBitFlip,
-        LongitudinalSUE,
-        LongitudinalOUE,
-        LongitudinalOSUE,
-        CountMeanSketch,
-        HadamardCountMeanSketch,
-        PrefixExtendingMethod,
-        SequenceFragmentPuzzle,
-    )
-}
-
-
-def make_mechanism(spec: MechanismSpec) -> Mechanism:
-    """Build the mechanism a spec names (``auto`` resolves to a concrete one)."""
-    if spec.mechanism == "auto":
-        return resolve_auto(spec)
-    cls = MECHANISMS.get(spec.mechanism)
-    if cls is None:
-        raise ValueError(f"the {spec.mechanism!r} mechanism is not available in this version")
-    return cls(spec)
-
+#: The plug-in modules, imported once: each registers its mechanism and spec model.
+PLUGINS = (
+    "grr", "unary", "olh", "hr", "auto", "laplace", "duchi", "piecewise", "rappor",
+    "lgrr", "lue", "dbitflip", "onebitmean", "sketch", "pem", "sfp",
+)  # fmt: skip
+for _plugin in PLUGINS:
+    importlib.import_module(f"shared.mechanisms.{_plugin}")
 
 __all__ = [
+    "FRESH",
     "MECHANISMS",
-    "CategoricalMechanism",
+    "CandidateQueries",
+    "CategoricalValues",
+    "DeviceContext",
+    "Discovery",
     "Mechanism",
     "MechanismSpec",
-    "MemoizedMechanism",
-    "NumericMechanism",
-    "Rappor",
-    "RapporEstimate",
+    "Memoized",
+    "NumericValues",
+    "as_candidate_queries",
+    "as_categorical",
+    "as_discovery",
     "make_mechanism",
-    "resolve_auto",
+    "as_memoized",
+    "as_numeric",
+    "register",
 ]

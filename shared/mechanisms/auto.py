@@ -11,12 +11,15 @@ OUE's with reports of three integers instead of d bits).
 
 from __future__ import annotations
 
+from typing import Literal
+
 from shared.mechanisms.categorical import CategoricalMechanism
 from shared.mechanisms.grr import GeneralizedRandomizedResponse
 from shared.mechanisms.hr import HadamardResponse
 from shared.mechanisms.olh import OptimizedLocalHashing
+from shared.mechanisms.registry import register_builder
+from shared.mechanisms.spec import CategoricalSpec, MechanismSpec
 from shared.mechanisms.unary import OptimizedUnaryEncoding, SymmetricUnaryEncoding
-from shared.schemas import MechanismSpec
 
 CANDIDATES: tuple[type[CategoricalMechanism], ...] = (
     GeneralizedRandomizedResponse,
@@ -27,9 +30,23 @@ CANDIDATES: tuple[type[CategoricalMechanism], ...] = (
 )
 
 
+class AutoSpec(CategoricalSpec):
+    """``{"mechanism": "auto", "epsilon": 1.0, "domain_size": 64}``: the device and the
+    server build the same concrete mechanism from it (``resolve_auto``)."""
+
+    mechanism: Literal["auto"]
+
+
 def resolve_auto(spec: MechanismSpec) -> CategoricalMechanism:
     """The lowest-variance concrete mechanism for an ``auto`` spec's (epsilon, d)."""
-    if spec.mechanism != "auto":
+    if not isinstance(spec, AutoSpec):
         raise ValueError(f"resolve_auto needs an 'auto' spec, got {spec.mechanism!r}")
-    options = [cls(spec.model_copy(update={"mechanism": cls.name})) for cls in CANDIDATES]
+    options = []
+    for cls in CANDIDATES:
+        concrete = spec.with_changes(mechanism=cls.name)
+        assert isinstance(concrete, CategoricalSpec)  # every candidate's spec model is one
+        options.append(cls(concrete))
     return min(options, key=lambda mechanism: mechanism.variance(1))
+
+
+register_builder(AutoSpec, resolve_auto)

@@ -1,14 +1,20 @@
 """The interface every mechanism implements, device side and server side together.
 
-A mechanism is built from a ``MechanismSpec`` and offers:
+A mechanism is built from its spec model (``shared.mechanisms.spec``) and offers:
 
-* ``encode(values, rng=None)``: perturb a batch of values (device side);
+* ``encode(values, rng=None, context=FRESH)``: perturb a batch of values (device side),
+  with what the devices keep for the spec in one ``DeviceContext`` (memo, secrets, cohorts);
 * ``aggregate(reports)``: fold reports into mergeable sufficient statistics;
-* ``estimate(stats)``: unbiased estimates with standard errors;
 * ``variance(n)``: analytical variance of one estimate, for planning;
-* ``to_payloads`` / ``from_payloads``: the JSON wire form of reports;
-* ``transition_matrix(...)``: exact output probabilities, so tests can check
-  the epsilon bound by enumeration instead of trusting it.
+* ``to_payloads`` / ``from_payloads``: the JSON wire form of reports.
+
+How its statistics are estimated depends on what its values are, and is an ability
+(``shared.mechanisms.abilities``): frequencies of categories, a mean of numbers,
+frequencies of candidate strings, heavy hitters. A class states the abilities it
+provides in ``provides``; ``abilities`` collects them over its bases.
+
+A mechanism module registers its class with ``@register`` (``shared.mechanisms.registry``)
+and defines its spec model beside it.
 """
 
 from __future__ import annotations
@@ -21,21 +27,59 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
-from shared.estimates import Estimate, MeanEstimate
+from shared.mechanisms.abilities import FRESH, DeviceContext
+from shared.mechanisms.spec import MechanismSpec
 from shared.randomness import Rng
-from shared.schemas import MechanismSpec
 from shared.statistics import CountStatistics, MomentStatistics
 
 StatsT = TypeVar("StatsT", CountStatistics, MomentStatistics)
-EstimateT = TypeVar("EstimateT", Estimate, MeanEstimate)
+
+#: JSON schemas of a payload field's value: an integer, or a base64 string.
+INTEGER: dict[str, Any] = {"type": "integer"}
+BASE64: dict[str, Any] = {"type": "string", "contentEncoding": "base64"}
 
 
-class Mechanism(ABC, Generic[StatsT, EstimateT]):
-    """An epsilon-LDP mechanism: randomizer, sufficient statistics and estimator."""
+def payload_shape(title: str, description: str, **fields: dict[str, Any]) -> dict[str, Any]:
+    """The JSON schema of one report's payload: an object with exactly ``fields`` (the
+    OpenAPI document lists every mechanism's; ``from_payloads`` checks them)."""
+    return {
+        "title": title,
+        "description": description,
+        "type": "object",
+        "properties": fields,
+        "required": sorted(fields),
+        "additionalProperties": False,
+    }
+
+
+class Mechanism(ABC, Generic[StatsT]):
+    """An epsilon-LDP mechanism: randomizer, sufficient statistics and wire form."""
 
     name: ClassVar[str]
+    #: The spec model this mechanism is built from.
+    spec_model: ClassVar[type[MechanismSpec]]
+    #: The JSON schema of one report's payload (``payload_shape``).
+    payload_schema: ClassVar[dict[str, Any]]
     #: The keys of one report's JSON payload (``to_payloads``); no other key is accepted.
     payload_fields: ClassVar[frozenset[str]]
+    #: The abilities (``shared.mechanisms.abilities`` protocols) this class adds.
+    provides: ClassVar[tuple[type, ...]] = ()
+    #: Every ability of the class: what it and its bases provide.
+    abilities: ClassVar[frozenset[type]] = frozenset()
+
+    #: What ``encode`` takes: ``"categorical"``, ``"numeric"`` or ``"string"`` (its spec
+    #: model's kind).
+    kind: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "spec_model" in cls.__dict__:
+            cls.kind = cls.spec_model.kind
+        if hasattr(cls, "payload_schema"):
+            cls.payload_fields = frozenset(cls.payload_schema["properties"])
+        cls.abilities = frozenset(
+            ability for base in cls.__mro__ for ability in base.__dict__.get("provides", ())
+        )
 
     def __init__(self, spec: MechanismSpec) -> None:
         if spec.mechanism != self.name:
@@ -50,8 +94,9 @@ class Mechanism(ABC, Generic[StatsT, EstimateT]):
         return f"{type(self).__name__}({self.spec!r})"
 
     @abstractmethod
-    def encode(self, values: np.ndarray, rng: Rng = None) -> np.ndarray:
-        """Perturb a batch of values; ``rng=None`` uses the OS CSPRNG."""
+    def encode(self, values: Any, rng: Rng = None, context: DeviceContext = FRESH) -> np.ndarray:
+        """Perturb a batch of values; ``rng=None`` uses the OS CSPRNG; ``context`` holds
+        what the devices keep for this spec (read by the mechanisms that need it)."""
 
     @abstractmethod
     def check_reports(self, reports: np.ndarray) -> np.ndarray:
@@ -64,10 +109,6 @@ class Mechanism(ABC, Generic[StatsT, EstimateT]):
     @abstractmethod
     def aggregate(self, reports: np.ndarray) -> StatsT:
         """Fold a batch of reports into sufficient statistics."""
-
-    @abstractmethod
-    def estimate(self, stats: StatsT) -> EstimateT:
-        """Unbiased estimate with standard errors from sufficient statistics."""
 
     @abstractmethod
     def variance(self, n: int) -> float:
@@ -97,7 +138,12 @@ class IndexReports:
     """Wire form of mechanisms whose report is one integer: payload ``{"value": int}``."""
 
     check_reports: Callable[[np.ndarray], np.ndarray]  # from the mechanism it is mixed into
-    payload_fields: ClassVar[frozenset[str]] = frozenset({"value"})
+    payload_schema: ClassVar[dict[str, Any]] = payload_shape(
+        "IndexPayload",
+        "grr, lgrr, hr: the reported category; laplace: the grid index; duchi: +1/-1; "
+        "piecewise: the cell index; onebitmean: the bit, 0 or 1.",
+        value=INTEGER,
+    )
 
     def to_payloads(self, reports: np.ndarray) -> list[dict[str, Any]]:
         return [{"value": int(v)} for v in self.check_reports(reports)]
@@ -131,18 +177,55 @@ def check_packed_rows(
     return array
 
 
-def decode_bits_field(payload: object, index: int, row_bytes: int) -> bytes:
-    """The bytes of a payload's base64 ``"bits"`` field, checked to be ``row_bytes`` long."""
-    encoded = payload.get("bits") if isinstance(payload, dict) else None
+def decode_base64_field(
+    payload: object, index: int, field: str, size: int, unit: str = ""
+) -> bytes:
+    """The bytes of a payload's base64 string field ``field``, checked to be ``size`` long
+    (``unit`` says what they hold, for the error)."""
+    encoded = payload.get(field) if isinstance(payload, dict) else None
     if not isinstance(encoded, str):
-        raise ValueError(f"report {index}: payload needs a base64 string 'bits'")
+        raise ValueError(f"report {index}: payload needs a base64 string {field!r}")
     try:
         raw = base64.b64decode(encoded, validate=True)
     except (binascii.Error, ValueError) as error:
-        raise ValueError(f"report {index}: 'bits' is not valid base64 ({error})") from None
-    if len(raw) != row_bytes:
-        raise ValueError(f"report {index}: 'bits' holds {len(raw)} bytes, expected {row_bytes}")
+        raise ValueError(f"report {index}: {field!r} is not valid base64 ({error})") from None
+    if len(raw) != size:
+        raise ValueError(
+            f"report {index}: {field!r} holds {len(raw)} bytes, expected {size}"
+            + (f" ({unit})" if unit else "")
+        )
     return raw
+
+
+def decode_bits_field(payload: object, index: int, row_bytes: int) -> bytes:
+    """The bytes of a payload's base64 ``"bits"`` field, checked to be ``row_bytes`` long."""
+    return decode_base64_field(payload, index, "bits", row_bytes)
+
+
+def check_integer_rows(
+    reports: np.ndarray, what: str, fields: tuple[str, ...], low: list[int], high: list[int]
+) -> np.ndarray:
+    """``reports`` as an int64 (n, len(fields)) matrix whose column j lies in
+    low[j]..high[j], or ValueError naming the first report and field outside."""
+    array = np.asarray(reports)
+    width = len(fields)
+    if array.ndim != 2 or array.shape[1] != width or not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(
+            f"{what} reports must be integer rows ({', '.join(fields)}), got {array.dtype} "
+            f"of shape {array.shape}"
+        )
+    array = np.asarray(array, dtype=np.int64)
+    if array.size and any(
+        array[:, j].min() < low[j] or array[:, j].max() > high[j] for j in range(width)
+    ):
+        bad = (array < np.array(low)) | (array > np.array(high))
+        row = int(np.flatnonzero(bad.any(axis=1))[0])
+        field = int(np.flatnonzero(bad[row])[0])
+        raise ValueError(
+            f"report {row}: {fields[field]} = {array[row, field]} is outside "
+            f"{low[field]}..{high[field]}"
+        )
+    return array
 
 
 def check_integer_field(payloads: list[dict[str, Any]], field: str) -> np.ndarray:

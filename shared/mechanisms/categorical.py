@@ -29,8 +29,9 @@ from typing import ClassVar
 import numpy as np
 
 from shared.estimates import Estimate
+from shared.mechanisms.abilities import CategoricalValues
 from shared.mechanisms.base import Mechanism
-from shared.schemas import MechanismSpec
+from shared.mechanisms.spec import CategoricalSpec
 from shared.statistics import CountStatistics
 
 #: Largest output space ``transition_matrix`` enumerates.
@@ -59,14 +60,14 @@ def check_true_counts(counts: object, domain_size: int, rng: object) -> np.ndarr
     return array.astype(np.int64)
 
 
-class CategoricalMechanism(Mechanism[CountStatistics, Estimate]):
+class CategoricalMechanism(Mechanism[CountStatistics]):
     """A frequency oracle over categories 0..d-1, defined by its p and q."""
 
-    kind: ClassVar[str] = "categorical"
+    provides: ClassVar[tuple[type, ...]] = (CategoricalValues,)
+    spec: CategoricalSpec
 
-    def __init__(self, spec: MechanismSpec) -> None:
+    def __init__(self, spec: CategoricalSpec) -> None:
         super().__init__(spec)
-        assert spec.domain_size is not None  # guaranteed by MechanismSpec
         self.domain_size: int = spec.domain_size
 
     @property

@@ -85,30 +85,35 @@ Sufficient statistics: ``CountStatistics`` of length 2 d, (S_0..S_{d-1}, C_0..C_
 from __future__ import annotations
 
 import base64
-import binascii
 import itertools
 import math
 from fractions import Fraction
 from functools import cached_property
-from typing import Any, ClassVar
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import Field, model_validator
 
 from shared.estimates import Estimate
+from shared.mechanisms.abilities import FRESH, DeviceContext
 from shared.mechanisms.base import (
+    BASE64,
     as_index_array,
     check_packed_rows,
+    decode_base64_field,
     decode_bits_field,
+    payload_shape,
 )
 from shared.mechanisms.categorical import (
     CategoricalMechanism,
     check_true_counts,
     require_enumerable,
 )
-from shared.mechanisms.memoized import MemoizedMechanism
+from shared.mechanisms.memoized import MemoizedMechanism, MemoizedSpec
+from shared.mechanisms.registry import register
+from shared.mechanisms.spec import MAX_DOMAIN_SIZE, CategoricalSpec, fill_in
 from shared.memo import Memo
 from shared.randomness import BITS53, Rng, certified_threshold, realized_probability
-from shared.schemas import MechanismSpec
 from shared.statistics import CountStatistics
 
 #: Memo purposes (module docstring): the per-device bucket sample and the per-bucket bits.
@@ -177,15 +182,50 @@ def _shuffle_dense(offsets: np.ndarray, domain_size: int) -> np.ndarray:
     return out
 
 
+class DBitFlipSpec(MemoizedSpec, CategoricalSpec):
+    """``{"mechanism": "dbitflip", "epsilon": 1.0, "domain_size": 1024, "bits_per_device": 4}``:
+    ``bits_per_device`` (default 1) is filled in, and ``epsilon_report`` = ``epsilon``
+    (every report is the memoized response itself)."""
+
+    mechanism: Literal["dbitflip"]
+    bits_per_device: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_DOMAIN_SIZE,
+        description="dbitflip: buckets each device samples once and reports (default 1).",
+    )
+
+    @model_validator(mode="after")
+    def _derived_fields(self) -> DBitFlipSpec:
+        if self.bits_per_device is None:
+            fill_in(self, "bits_per_device", 1)
+        elif self.bits_per_device > self.domain_size:
+            raise ValueError(
+                f"bits_per_device = {self.bits_per_device} exceeds domain_size = "
+                f"{self.domain_size}: a device samples at most every bucket once"
+            )
+        self.check_derived_report_epsilon(self.epsilon)
+        return self
+
+
+@register
 class DBitFlip(MemoizedMechanism, CategoricalMechanism):
     """Ding et al.'s dBitFlip with memoized buckets and bits (see the module docstring)."""
 
     name = "dbitflip"
-    payload_fields: ClassVar[frozenset[str]] = frozenset({"buckets", "bits"})
+    spec_model = DBitFlipSpec
+    spec: DBitFlipSpec
+    payload_schema = payload_shape(
+        "BucketBitsPayload",
+        "dbitflip: base64 of the sampled buckets as little-endian uint32, and base64 of "
+        "numpy.packbits bytes, one bit per bucket.",
+        buckets=BASE64,
+        bits=BASE64,
+    )
 
-    def __init__(self, spec: MechanismSpec) -> None:
+    def __init__(self, spec: DBitFlipSpec) -> None:
         super().__init__(spec)
-        assert spec.bits_per_device is not None  # filled in by MechanismSpec
+        assert spec.bits_per_device is not None  # filled in by DBitFlipSpec
         self.bits_per_device: int = spec.bits_per_device
 
     @cached_property
@@ -228,11 +268,11 @@ class DBitFlip(MemoizedMechanism, CategoricalMechanism):
 
     # --- device side --------------------------------------------------------------------
 
-    def encode(self, values: np.ndarray, rng: Rng = None, memo: Memo | None = None) -> np.ndarray:
+    def encode(self, values: Any, rng: Rng = None, context: DeviceContext = FRESH) -> np.ndarray:
         """The permanent responses of ``values`` (there is no instantaneous response):
-        from ``memo``, or fresh from ``rng`` when it is None."""
+        from ``context.memo``, or fresh from ``rng`` when it is None."""
         values = as_index_array(values, self.domain_size)
-        return self._respond(values, self.memo_for(values, rng, memo))
+        return self._respond(values, self.memo_for(values, rng, context.memo))
 
     def permanent(self, values: np.ndarray, memo: Memo | None = None) -> np.ndarray:
         values = as_index_array(values, self.domain_size)
@@ -392,27 +432,12 @@ class DBitFlip(MemoizedMechanism, CategoricalMechanism):
             extra = set(payload) - self.payload_fields if isinstance(payload, dict) else set()
             if extra:
                 raise ValueError(f"report {i}: unexpected payload keys {sorted(extra)}")
-            buckets += _decode_buckets(payload, i, s)
+            buckets += decode_base64_field(
+                payload, i, "buckets", 4 * s, f"{s} little-endian uint32"
+            )
             packed[i] = np.frombuffer(decode_bits_field(payload, i, row_bytes), np.uint8)
         check_packed_rows(packed, s, "big", "dbitflip report")
         reports = np.empty(len(payloads), dtype=self.report_dtype)
         reports["buckets"] = np.frombuffer(bytes(buckets), dtype="<u4").reshape(-1, s)
         reports["bits"] = np.unpackbits(packed, axis=1, count=s).astype(bool)
         return self.check_reports(reports)
-
-
-def _decode_buckets(payload: object, index: int, count: int) -> bytes:
-    """The ``4 count`` bytes of a payload's base64 ``"buckets"`` field."""
-    encoded = payload.get("buckets") if isinstance(payload, dict) else None
-    if not isinstance(encoded, str):
-        raise ValueError(f"report {index}: payload needs a base64 string 'buckets'")
-    try:
-        raw = base64.b64decode(encoded, validate=True)
-    except (binascii.Error, ValueError) as error:
-        raise ValueError(f"report {index}: 'buckets' is not valid base64 ({error})") from None
-    if len(raw) != 4 * count:
-        raise ValueError(
-            f"report {index}: 'buckets' holds {len(raw)} bytes, expected {4 * count} "
-            f"({count} little-endian uint32)"
-        )
-    return raw

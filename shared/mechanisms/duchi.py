@@ -27,9 +27,11 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 from functools import cached_property
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
+from shared.mechanisms.abilities import FRESH, DeviceContext
 from shared.mechanisms.base import IndexReports
 from shared.mechanisms.numeric import (
     NoiseVariance,
@@ -37,12 +39,22 @@ from shared.mechanisms.numeric import (
     bernoulli_central_moments,
     check_levels,
 )
+from shared.mechanisms.registry import register
+from shared.mechanisms.spec import NumericSpec
 from shared.randomness import BITS53, Rng, as_source, certified_threshold, threshold53
 from shared.statistics import MomentStatistics
 
 
+class DuchiSpec(NumericSpec):
+    """``{"mechanism": "duchi", "epsilon": 1.0, "lower": 0, "upper": 100}``."""
+
+    mechanism: Literal["duchi"]
+
+
+@register
 class DuchiMean(IndexReports, NumericMechanism):
     name = "duchi"
+    spec_model: ClassVar[type[NumericSpec]] = DuchiSpec
 
     @property
     def scale(self) -> float:
@@ -70,7 +82,7 @@ class DuchiMean(IndexReports, NumericMechanism):
         """Realized P(sign = +1 | x) = T(x) / 2^53, nominally 1/2 + t / (2 C)."""
         return self.plus_thresholds(values).astype(np.float64) / BITS53
 
-    def encode(self, values: np.ndarray, rng: Rng = None) -> np.ndarray:
+    def encode(self, values: Any, rng: Rng = None, context: DeviceContext = FRESH) -> np.ndarray:
         plus = as_source(rng).bernoulli_below(self.plus_thresholds(values))
         return np.where(plus, 1, -1).astype(np.int8)
 

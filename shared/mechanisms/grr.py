@@ -25,17 +25,22 @@ Sufficient statistics: the histogram of reported values.
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 from fractions import Fraction
 from functools import cached_property
+from typing import Literal
 
 import numpy as np
 
+from shared.mechanisms.abilities import FRESH, DeviceContext
 from shared.mechanisms.base import IndexReports, as_index_array
 from shared.mechanisms.categorical import (
     CategoricalMechanism,
     check_true_counts,
     require_enumerable,
 )
+from shared.mechanisms.registry import register
+from shared.mechanisms.spec import CategoricalSpec
 from shared.randomness import (
     BITS53,
     RandomSource,
@@ -82,8 +87,51 @@ def k_ary_response(
     return np.where(keep, values, source.integers(k, values.size))
 
 
-class GeneralizedRandomizedResponse(IndexReports, CategoricalMechanism):
+class CountedIndices(IndexReports, CategoricalMechanism):
+    """A report that is a category index, the value kept with some probability and
+    otherwise uniform over all d (GRR, and LGRR's composite response): the statistics
+    are the report counts, each count is its category's support, and the simulation
+    fast path draws them exactly. Subclasses give ``keep_fraction``."""
+
+    @property
+    @abstractmethod
+    def keep_fraction(self) -> float:
+        """lam: the probability that a report is the value itself by the keep step."""
+
+    def check_reports(self, reports: np.ndarray) -> np.ndarray:
+        return as_index_array(reports, self.domain_size, "reported value")
+
+    def empty_statistics(self) -> CountStatistics:
+        return CountStatistics.empty(self.domain_size)
+
+    def aggregate(self, reports: np.ndarray) -> CountStatistics:
+        reports = self.check_reports(reports)
+        return CountStatistics(reports.size, np.bincount(reports, minlength=self.domain_size))
+
+    def support_counts(self, stats: CountStatistics) -> np.ndarray:
+        return stats.counts
+
+    def simulate_statistics(self, counts: np.ndarray, rng: np.random.Generator) -> CountStatistics:
+        """Exact up to lam's rounding to a double: K_v ~ Bin(N_v, lam) users keep their
+        value and the other R = n - sum K_v report uniformly over all d:
+        c = K + Multinomial(R, 1/d). O(d) whatever n is."""
+        counts = check_true_counts(counts, self.domain_size, rng)
+        d = self.domain_size
+        kept = rng.binomial(counts, self.keep_fraction)
+        uniform = rng.multinomial(int(counts.sum() - kept.sum()), np.full(d, 1.0 / d))
+        return CountStatistics(int(counts.sum()), kept + uniform)
+
+
+class GrrSpec(CategoricalSpec):
+    """``{"mechanism": "grr", "epsilon": 1.0, "domain_size": 4}``."""
+
+    mechanism: Literal["grr"]
+
+
+@register
+class GeneralizedRandomizedResponse(CountedIndices):
     name = "grr"
+    spec_model = GrrSpec
 
     @cached_property
     def keep_threshold(self) -> int:
@@ -100,7 +148,14 @@ class GeneralizedRandomizedResponse(IndexReports, CategoricalMechanism):
         """Realized P(report v | u), u != v, nominally 1 / (e^eps + d - 1)."""
         return k_ary_probabilities(self.keep_threshold, self.domain_size)[1]
 
-    def encode(self, values: np.ndarray, rng: Rng = None) -> np.ndarray:
+    @property
+    def keep_fraction(self) -> float:
+        """lam = T / 2^53 as realized (53 bits: exact in a double)."""
+        return realized_probability(self.keep_threshold)
+
+    def encode(
+        self, values: np.ndarray, rng: Rng = None, context: DeviceContext = FRESH
+    ) -> np.ndarray:
         values = as_index_array(values, self.domain_size)
         if values.size == 1:  # one device's value: the same two steps on Python ints
             return np.array([self._respond_one(int(values[0]), as_source(rng))], np.int64)
@@ -119,30 +174,6 @@ class GeneralizedRandomizedResponse(IndexReports, CategoricalMechanism):
         if mask < 1 << 11 and word & mask < d:
             return word & mask
         return source.below(d)
-
-    def check_reports(self, reports: np.ndarray) -> np.ndarray:
-        return as_index_array(reports, self.domain_size, "reported value")
-
-    def empty_statistics(self) -> CountStatistics:
-        return CountStatistics.empty(self.domain_size)
-
-    def aggregate(self, reports: np.ndarray) -> CountStatistics:
-        reports = self.check_reports(reports)
-        return CountStatistics(reports.size, np.bincount(reports, minlength=self.domain_size))
-
-    def support_counts(self, stats: CountStatistics) -> np.ndarray:
-        return stats.counts
-
-    def simulate_statistics(self, counts: np.ndarray, rng: np.random.Generator) -> CountStatistics:
-        """Exact: in ``k_ary_response``'s two-step form, K_v ~ Bin(N_v, lam) users keep their
-        value (lam the keep probability as realized, 53 bits) and the other R = n - sum K_v
-        report uniformly over all d: c = K + Multinomial(R, 1/d). O(d) whatever n is."""
-        counts = check_true_counts(counts, self.domain_size, rng)
-        d = self.domain_size
-        keep = realized_probability(self.keep_threshold)
-        kept = rng.binomial(counts, keep)
-        uniform = rng.multinomial(int(counts.sum() - kept.sum()), np.full(d, 1.0 / d))
-        return CountStatistics(int(counts.sum()), kept + uniform)
 
     def transition_matrix(self) -> np.ndarray:
         d = self.domain_size

@@ -40,16 +40,20 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 from functools import cached_property
+from typing import Any, Literal
 
 import numpy as np
 
 from shared.hadamard import walsh_hadamard
+from shared.mechanisms.abilities import FRESH, DeviceContext
 from shared.mechanisms.base import IndexReports, as_index_array
 from shared.mechanisms.categorical import (
     CategoricalMechanism,
     check_true_counts,
     require_enumerable,
 )
+from shared.mechanisms.registry import register
+from shared.mechanisms.spec import CategoricalSpec
 from shared.randomness import (
     BITS53,
     Rng,
@@ -57,17 +61,24 @@ from shared.randomness import (
     certified_threshold,
     realized_probability,
 )
-from shared.schemas import MechanismSpec
 from shared.statistics import CountStatistics
 
 #: Cells (values x outputs) of one block of ``simulate_statistics``'s multinomials.
 _SIMULATION_CELLS = 1 << 22
 
 
+class HrSpec(CategoricalSpec):
+    """``{"mechanism": "hr", "epsilon": 4.0, "domain_size": 4096}``."""
+
+    mechanism: Literal["hr"]
+
+
+@register
 class HadamardResponse(IndexReports, CategoricalMechanism):
     name = "hr"
+    spec_model = HrSpec
 
-    def __init__(self, spec: MechanismSpec) -> None:
+    def __init__(self, spec: CategoricalSpec) -> None:
         super().__init__(spec)
         self.outputs: int = 1 << self.domain_size.bit_length()  # smallest power of 2 > d
 
@@ -90,7 +101,7 @@ class HadamardResponse(IndexReports, CategoricalMechanism):
     def q(self) -> float:
         return 0.5
 
-    def encode(self, values: np.ndarray, rng: Rng = None) -> np.ndarray:
+    def encode(self, values: Any, rng: Rng = None, context: DeviceContext = FRESH) -> np.ndarray:
         values = as_index_array(values, self.domain_size)
         source = as_source(rng)
         rows = values + 1

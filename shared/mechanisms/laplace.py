@@ -50,18 +50,21 @@ from __future__ import annotations
 
 import math
 from decimal import Context, Decimal, localcontext
+from typing import Any, Literal
 
 import numpy as np
 
+from shared.mechanisms.abilities import FRESH, DeviceContext
 from shared.mechanisms.base import IndexReports
 from shared.mechanisms.numeric import NoiseVariance, NumericMechanism, bernoulli_central_moments
+from shared.mechanisms.registry import register
+from shared.mechanisms.spec import GridNumericSpec
 from shared.randomness import (
     Rng,
     as_source,
     discrete_laplace_pmf,
     discrete_laplace_variance,
 )
-from shared.schemas import MechanismSpec
 
 DEFAULT_GRID_STEPS = 1024
 #: Denominator of the rational epsilon the exact sampler works with.
@@ -94,10 +97,19 @@ def _tail_below(bound: int, s: int, t: int) -> bool:
         return tail < (1 + (-g).exp()) / Decimal(2) ** TAIL_BITS
 
 
+class LaplaceSpec(GridNumericSpec):
+    """``{"mechanism": "laplace", "epsilon": 1.0, "lower": 0, "upper": 100}``;
+    ``grid_steps`` defaults to 1024."""
+
+    mechanism: Literal["laplace"]
+
+
+@register
 class DiscreteLaplace(IndexReports, NumericMechanism):
     name = "laplace"
+    spec_model = LaplaceSpec
 
-    def __init__(self, spec: MechanismSpec) -> None:
+    def __init__(self, spec: LaplaceSpec) -> None:
         super().__init__(spec)
         self.grid_steps: int = spec.grid_steps or DEFAULT_GRID_STEPS
         self.step: float = (self.upper - self.lower) / self.grid_steps
@@ -120,7 +132,7 @@ class DiscreteLaplace(IndexReports, NumericMechanism):
         """(clip(x) - lower) / w in [0, K]."""
         return (self.normalize(values) + 1.0) * (self.grid_steps / 2)
 
-    def encode(self, values: np.ndarray, rng: Rng = None) -> np.ndarray:
+    def encode(self, values: Any, rng: Rng = None, context: DeviceContext = FRESH) -> np.ndarray:
         position = self.grid_position(values)
         source = as_source(rng)
         index = np.floor(position)

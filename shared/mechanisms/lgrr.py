@@ -81,20 +81,23 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 from functools import cached_property
+from typing import Any, Literal
 
 import numpy as np
 
-from shared.mechanisms.base import IndexReports, as_index_array
-from shared.mechanisms.categorical import (
-    CategoricalMechanism,
-    check_true_counts,
-    require_enumerable,
+from shared.mechanisms.abilities import FRESH, DeviceContext
+from shared.mechanisms.base import as_index_array
+from shared.mechanisms.categorical import require_enumerable
+from shared.mechanisms.grr import (
+    CountedIndices,
+    k_ary_keep_threshold,
+    k_ary_probabilities,
+    k_ary_response,
 )
-from shared.mechanisms.grr import k_ary_keep_threshold, k_ary_probabilities, k_ary_response
-from shared.mechanisms.memoized import MemoizedMechanism
+from shared.mechanisms.memoized import ChainedSpec, MemoizedMechanism
+from shared.mechanisms.registry import register
 from shared.memo import Memo
 from shared.randomness import BITS53, Rng, as_source, certified_threshold
-from shared.statistics import CountStatistics
 
 #: Memo purpose of the permanent response (see the module docstring).
 PERMANENT_PURPOSE = b"lgrr prr"
@@ -115,11 +118,20 @@ def grr_matrix(same: float, other: float, k: int) -> np.ndarray:
     return matrix
 
 
-class LongitudinalGRR(MemoizedMechanism, IndexReports, CategoricalMechanism):
+class LgrrSpec(ChainedSpec):
+    """``{"mechanism": "lgrr", "epsilon": 2.0, "epsilon_report": 1.0, "domain_size": 8}``."""
+
+    mechanism: Literal["lgrr"]
+
+
+@register
+class LongitudinalGRR(MemoizedMechanism, CountedIndices):
     """L-GRR: permanent GRR at ``epsilon``, instantaneous GRR to ``epsilon_report`` (module
     docstring)."""
 
     name = "lgrr"
+    spec_model = LgrrSpec
+    spec: LgrrSpec
 
     @cached_property
     def permanent_threshold(self) -> int:
@@ -177,12 +189,12 @@ class LongitudinalGRR(MemoizedMechanism, IndexReports, CategoricalMechanism):
         values = self.memo_keys(values)
         return self._permanent(values, self.memo_for(values, None, memo))
 
-    def encode(self, values: np.ndarray, rng: Rng = None, memo: Memo | None = None) -> np.ndarray:
-        """One report per value: the memoized permanent response of each value (``memo``
-        row i = value i's device; ``None``: drawn fresh from ``rng``), then a fresh
+    def encode(self, values: Any, rng: Rng = None, context: DeviceContext = FRESH) -> np.ndarray:
+        """One report per value: the memoized permanent response of each value (memo row
+        i = value i's device; ``None``: drawn fresh from ``rng``), then a fresh
         instantaneous GRR from ``rng``. O(1) memory per value."""
         values = as_index_array(values, self.domain_size)
-        permanent = self._permanent(values, self.memo_for(values, rng, memo))
+        permanent = self._permanent(values, self.memo_for(values, rng, context.memo))
         return k_ary_response(
             permanent, self.domain_size, self.instantaneous_threshold, as_source(rng)
         )
@@ -193,29 +205,11 @@ class LongitudinalGRR(MemoizedMechanism, IndexReports, CategoricalMechanism):
         keep = draws.bernoulli_below(self.permanent_threshold)[:, 0]
         return np.where(keep, values, draws.integers(self.domain_size))
 
-    def check_reports(self, reports: np.ndarray) -> np.ndarray:
-        return as_index_array(reports, self.domain_size, "reported value")
-
-    def empty_statistics(self) -> CountStatistics:
-        return CountStatistics.empty(self.domain_size)
-
-    def aggregate(self, reports: np.ndarray) -> CountStatistics:
-        reports = self.check_reports(reports)
-        return CountStatistics(reports.size, np.bincount(reports, minlength=self.domain_size))
-
-    def support_counts(self, stats: CountStatistics) -> np.ndarray:
-        return stats.counts
-
-    def simulate_statistics(self, counts: np.ndarray, rng: np.random.Generator) -> CountStatistics:
-        """One period's statistics: K_v ~ Bin(N_v, lam) users' reports keep their value (lam =
-        T1 T2 / 2^106, the composite keep probability, rounded to a double: relative error
-        at most 2^-53) and the other R = n - sum K_v report uniformly over all d:
-        c = K + Multinomial(R, 1/d). O(d) whatever n is."""
-        counts = check_true_counts(counts, self.domain_size, rng)
-        d = self.domain_size
-        kept = rng.binomial(counts, float(self.keep_probability))
-        uniform = rng.multinomial(int(counts.sum() - kept.sum()), np.full(d, 1.0 / d))
-        return CountStatistics(int(counts.sum()), kept + uniform)
+    @property
+    def keep_fraction(self) -> float:
+        """lam = T1 T2 / 2^106, the composite keep probability, rounded to a double
+        (relative error at most 2^-53)."""
+        return float(self.keep_probability)
 
     def transition_matrix(self) -> np.ndarray:
         """Exact law of one report (permanent and instantaneous composed): e^epsilon_report."""

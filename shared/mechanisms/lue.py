@@ -96,12 +96,16 @@ import math
 from collections.abc import Callable
 from fractions import Fraction
 from functools import cached_property
-from typing import ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
+from pydantic import model_validator
 
+from shared.mechanisms.abilities import FRESH, DeviceContext
 from shared.mechanisms.base import as_index_array
-from shared.mechanisms.memoized import MemoizedMechanism
+from shared.mechanisms.memoized import ChainedSpec, MemoizedMechanism
+from shared.mechanisms.registry import register
+from shared.mechanisms.spec import CategoricalSpec
 from shared.mechanisms.unary import (
     OptimizedUnaryEncoding,
     SymmetricUnaryEncoding,
@@ -109,7 +113,6 @@ from shared.mechanisms.unary import (
 )
 from shared.memo import Memo, MemoDraws
 from shared.randomness import BITS53, RandomSource, Rng, as_source, ratio_within_epsilon
-from shared.schemas import MechanismSpec
 
 __all__ = [
     "CHUNK_WORDS",
@@ -229,10 +232,11 @@ class LongitudinalUnaryEncoding(MemoizedMechanism, UnaryEncoding):
     report's realized p* and q*.
     """
 
+    spec: ChainedSpec
     permanent_class: ClassVar[type[UnaryEncoding]]
     symmetric_instantaneous: ClassVar[bool]
 
-    def __init__(self, spec: MechanismSpec) -> None:
+    def __init__(self, spec: ChainedSpec) -> None:
         super().__init__(spec)
         self.instantaneous_thresholds  # noqa: B018 - an infeasible epsilon_report fails here
 
@@ -244,13 +248,14 @@ class LongitudinalUnaryEncoding(MemoizedMechanism, UnaryEncoding):
     @cached_property
     def permanent_encoding(self) -> UnaryEncoding:
         """The permanent response on its own: ``sue`` or ``oue`` at epsilon."""
-        spec = MechanismSpec.model_validate(
+        spec = self.permanent_class.spec_model.model_validate(
             {
                 "mechanism": self.permanent_class.name,
                 "epsilon": self.epsilon,
                 "domain_size": self.domain_size,
             }
         )
+        assert isinstance(spec, CategoricalSpec)
         return self.permanent_class(spec)
 
     def nominal_probabilities(self) -> tuple[float, float]:
@@ -325,12 +330,13 @@ class LongitudinalUnaryEncoding(MemoizedMechanism, UnaryEncoding):
         draws = self.memo_for(values, None, memo).draws(self.purpose, values)
         return self._by_chunks(values, lambda rows: self._permanent_words(values, rows, draws))
 
-    def encode(self, values: np.ndarray, rng: Rng = None, memo: Memo | None = None) -> np.ndarray:
-        """Reports of ``values``: permanent bits from ``memo`` (row i is value i's device),
-        instantaneous bits fresh from ``rng``; ``memo=None`` draws both fresh, in one pass
-        with the composite thresholds (module docstring)."""
+    def encode(self, values: Any, rng: Rng = None, context: DeviceContext = FRESH) -> np.ndarray:
+        """Reports of ``values``: permanent bits from ``context.memo`` (row i is value i's
+        device), instantaneous bits fresh from ``rng``; no memo draws both fresh, in one
+        pass with the composite thresholds (module docstring)."""
         values = as_index_array(values, self.domain_size)
         source = as_source(rng)
+        memo = context.memo
         if memo is None:
             return self._by_chunks(values, lambda rows: self._fresh_words(values, rows, source))
         draws = self.memo_for(values, rng, memo).draws(self.purpose, values)
@@ -386,25 +392,62 @@ class LongitudinalUnaryEncoding(MemoizedMechanism, UnaryEncoding):
         return lambda pending: source.words(pending.size * self.groups).reshape(-1, self.groups)
 
 
+class LsueSpec(ChainedSpec):
+    """``{"mechanism": "lsue", "epsilon": 2.0, "epsilon_report": 1.0, "domain_size": 64}``."""
+
+    mechanism: Literal["lsue"]
+
+
+@register
 class LongitudinalSUE(LongitudinalUnaryEncoding):
     """L-SUE (basic RAPPOR): SUE at epsilon, then SUE; a report is SUE at epsilon_report."""
 
     name = "lsue"
+    spec_model = LsueSpec
     permanent_class = SymmetricUnaryEncoding
     symmetric_instantaneous = True
 
 
+class LoueSpec(ChainedSpec):
+    """``{"mechanism": "loue", "epsilon": 2.0, "epsilon_report": 1.0, "domain_size": 64}``:
+    an OUE instantaneous response reveals at most ln((2 e^epsilon + 1) / 3)."""
+
+    mechanism: Literal["loue"]
+
+    @model_validator(mode="after")
+    def _report_fits_oue(self) -> LoueSpec:
+        limit = math.log((2 * math.exp(self.epsilon) + 1) / 3)
+        assert self.epsilon_report is not None  # required by ChainedSpec
+        if self.epsilon_report > limit:
+            raise ValueError(
+                f"epsilon_report = {self.epsilon_report} is more than one 'loue' report "
+                f"can reveal at epsilon = {self.epsilon} (at most ln((2 e^epsilon + 1) "
+                f"/ 3) = {limit:.6g}); lower epsilon_report or use 'losue'"
+            )
+        return self
+
+
+@register
 class LongitudinalOUE(LongitudinalUnaryEncoding):
     """L-OUE: OUE at epsilon, then OUE (p2 = 1/2); needs epsilon_report <= ln((2e^eps+1)/3)."""
 
     name = "loue"
+    spec_model = LoueSpec
     permanent_class = OptimizedUnaryEncoding
     symmetric_instantaneous = False
 
 
+class LosueSpec(ChainedSpec):
+    """``{"mechanism": "losue", "epsilon": 2.0, "epsilon_report": 1.0, "domain_size": 64}``."""
+
+    mechanism: Literal["losue"]
+
+
+@register
 class LongitudinalOSUE(LongitudinalUnaryEncoding):
     """L-OSUE: OUE at epsilon, then SUE; a report is OUE at epsilon_report (least variance)."""
 
     name = "losue"
+    spec_model = LosueSpec
     permanent_class = OptimizedUnaryEncoding
     symmetric_instantaneous = True

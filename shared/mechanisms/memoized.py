@@ -21,40 +21,116 @@ the per-key bound holds for histories with the same pattern of equal and changed
 values (an instantaneous response, or ``onebitmean``'s output perturbation, blurs the
 pattern without removing it).
 
-``encode(values, rng=None, memo=None)``: ``memo`` holds the devices' permanent
-randomness, one row per value (``KeyedMemo`` on a device, ``SimulatedMemo`` in a
-simulation); ``None`` draws a fresh permanent response from ``rng`` for every value,
-which gives one report the same law (one-period simulations, estimator tests) and is
-what a stateless implementation does across periods.
+``encode(values, rng=None, context=FRESH)``: ``context.memo`` holds the devices'
+permanent randomness, one row per value (``KeyedMemo`` on a device, ``SimulatedMemo``
+in a simulation); ``None`` draws a fresh permanent response from ``rng`` for every
+value, which gives one report the same law (one-period simulations, estimator tests)
+and is what a stateless implementation does across periods.
+
+Spec fields: ``epsilon`` (the lifetime bound per distinct value) and ``epsilon_report``
+(what one report reveals). ``lgrr`` and the unary ones chain a memoized and a fresh
+response and require ``epsilon_report`` < ``epsilon`` (``ChainedSpec``); ``dbitflip``
+and ``onebitmean`` derive ``epsilon_report`` and fill it in.
 """
 
 from __future__ import annotations
 
+import math
 from abc import abstractmethod
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
+from pydantic import Field, model_validator
 
+from shared.mechanisms.abilities import FRESH, DeviceContext, Memoized
+from shared.mechanisms.spec import MAX_EPSILON, MIN_EPSILON, CategoricalSpec, MechanismSpec
 from shared.memo import FreshMemo, Memo
 from shared.randomness import Rng, as_source
+
+
+def memo_key_bytes(key: int) -> bytes:
+    """A memo key as the device ledger identifies it: 8 bytes, big-endian, two's complement."""
+    return key.to_bytes(8, "big", signed=True)
+
+
+class MemoizedSpec(MechanismSpec):
+    """A memoized mechanism's spec: ``epsilon`` per distinct value for life, and
+    ``epsilon_report`` per report (required, or derived and filled in: see the subclass)."""
+
+    is_memoized: ClassVar[bool] = True
+
+    epsilon_report: float | None = Field(
+        default=None,
+        ge=MIN_EPSILON,
+        le=MAX_EPSILON,
+        allow_inf_nan=False,
+        description=(
+            "What one report reveals. Required, and below epsilon, for lgrr, lsue, loue and "
+            "losue (epsilon is then the lifetime bound per distinct value); derived for "
+            "dbitflip (= epsilon) and onebitmean (from flip_probability)."
+        ),
+    )
+
+    @property
+    def report_epsilon(self) -> float:
+        """What one report reveals: ``epsilon_report`` (required or filled in)."""
+        assert self.epsilon_report is not None  # required or filled in by the subclass
+        return self.epsilon_report
+
+    def check_derived_report_epsilon(self, derived: float) -> None:
+        """Fill in ``epsilon_report`` = ``derived``, or check a given one agrees."""
+        if self.epsilon_report is None:
+            object.__setattr__(self, "epsilon_report", derived)
+        elif not math.isclose(self.epsilon_report, derived, rel_tol=1e-9, abs_tol=0.0):
+            raise ValueError(
+                f"epsilon_report = {self.epsilon_report} disagrees with {derived!r}, what one "
+                f"{self.mechanism!r} report reveals with these parameters; omit it or give "
+                "that value"
+            )
+
+
+class ChainedSpec(MemoizedSpec, CategoricalSpec):
+    """A memoized categorical response chained with a fresh one per report: requires
+    ``epsilon_report`` < ``epsilon``, e.g. ``{"mechanism": "lgrr", "epsilon": 2.0,
+    "epsilon_report": 1.0, "domain_size": 8}``."""
+
+    @model_validator(mode="after")
+    def _report_reveals_less(self) -> ChainedSpec:
+        if self.epsilon_report is None:
+            raise ValueError(
+                f"epsilon_report is required for the {self.mechanism!r} mechanism (what one "
+                "report reveals; epsilon is the lifetime bound per distinct value)"
+            )
+        if not self.epsilon_report < self.epsilon:
+            raise ValueError(
+                f"epsilon_report must be < epsilon (one report reveals less than the "
+                f"memoized response), got epsilon_report={self.epsilon_report}, "
+                f"epsilon={self.epsilon}"
+            )
+        return self
 
 
 class MemoizedMechanism:
     """Mixin for the memoized mechanisms (see the module docstring)."""
 
-    memoized: ClassVar[bool] = True
+    provides: ClassVar[tuple[type, ...]] = (Memoized,)
+    spec: MemoizedSpec
 
     @property
     def epsilon_report(self) -> float:
         """What one report reveals (the spec's ``epsilon_report``)."""
-        value = self.spec.epsilon_report  # type: ignore[attr-defined]
-        assert value is not None  # filled in or required by MechanismSpec
+        value = self.spec.epsilon_report
+        assert value is not None  # filled in or required by the spec model
         return float(value)
 
     @property
     def epsilon_lifetime(self) -> float:
         """What any number of reports of one memo key reveal: the spec's ``epsilon``."""
-        return float(self.spec.epsilon)  # type: ignore[attr-defined]
+        return float(self.spec.epsilon)
+
+    def ledger_keys(self, values: Any, context: DeviceContext) -> list[bytes]:
+        """``memo_key_bytes`` of each value's memo key (``memo_keys``)."""
+        return [memo_key_bytes(int(key)) for key in self.memo_keys(values, context.memo)]
 
     @staticmethod
     def memo_for(values: np.ndarray, rng: Rng, memo: Memo | None) -> Memo:
@@ -67,10 +143,10 @@ class MemoizedMechanism:
         return memo
 
     @abstractmethod
-    def encode(self, values: np.ndarray, rng: Rng = None, memo: Memo | None = None) -> np.ndarray:
-        """Reports of ``values``: each value's permanent response from ``memo`` (one row
-        per value; None: fresh), re-randomized by a fresh instantaneous response from
-        ``rng`` where the mechanism has one."""
+    def encode(self, values: Any, rng: Rng = None, context: DeviceContext = FRESH) -> np.ndarray:
+        """Reports of ``values``: each value's permanent response from ``context.memo``
+        (one row per value; None: fresh), re-randomized by a fresh instantaneous response
+        from ``rng`` where the mechanism has one."""
 
     @abstractmethod
     def memo_keys(self, values: np.ndarray, memo: Memo | None = None) -> np.ndarray:

@@ -71,8 +71,9 @@ from typing import ClassVar
 import numpy as np
 
 from shared.estimates import MeanEstimate, StdMethod, z_value
+from shared.mechanisms.abilities import NumericValues
 from shared.mechanisms.base import Mechanism
-from shared.schemas import MechanismSpec
+from shared.mechanisms.spec import NumericSpec
 from shared.statistics import MomentStatistics
 
 #: The upper bound on a non-identifiable noise variance keeps every interval of level up
@@ -157,14 +158,14 @@ def bernoulli_central_moments(p: np.ndarray, scale: np.ndarray | float) -> np.nd
     return np.stack([k2 * scale**2, k3 * scale**3, (k4 + 3 * k2 * k2) * scale**4], axis=1)
 
 
-class NumericMechanism(Mechanism[MomentStatistics, MeanEstimate]):
+class NumericMechanism(Mechanism[MomentStatistics]):
     """An eps-LDP mechanism for the mean of values clipped to [lower, upper]."""
 
-    kind: ClassVar[str] = "numeric"
+    provides: ClassVar[tuple[type, ...]] = (NumericValues,)
+    spec: NumericSpec
 
-    def __init__(self, spec: MechanismSpec) -> None:
+    def __init__(self, spec: NumericSpec) -> None:
         super().__init__(spec)
-        assert spec.lower is not None and spec.upper is not None  # guaranteed by MechanismSpec
         self.lower: float = spec.lower
         self.upper: float = spec.upper
         self.half_range: float = (self.upper - self.lower) / 2

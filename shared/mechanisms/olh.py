@@ -53,19 +53,27 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from functools import cached_property
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-from shared.mechanisms.base import as_index_array, check_integer_field
+from shared.mechanisms.abilities import FRESH, DeviceContext
+from shared.mechanisms.base import (
+    INTEGER,
+    as_index_array,
+    check_integer_field,
+    check_integer_rows,
+    payload_shape,
+)
 from shared.mechanisms.categorical import (
     CategoricalMechanism,
     check_true_counts,
     require_enumerable,
 )
 from shared.mechanisms.grr import k_ary_keep_threshold, k_ary_probabilities, k_ary_response
+from shared.mechanisms.registry import register
+from shared.mechanisms.spec import CategoricalSpec
 from shared.randomness import Rng, as_source
-from shared.schemas import MechanismSpec
 from shared.statistics import CountStatistics
 
 #: Reports walked at once in ``aggregate``.
@@ -84,11 +92,25 @@ def smallest_prime_at_least(n: int) -> int:
     return candidate
 
 
+class OlhSpec(CategoricalSpec):
+    """``{"mechanism": "olh", "epsilon": 2.0, "domain_size": 1024}``."""
+
+    mechanism: Literal["olh"]
+
+
+@register
 class OptimizedLocalHashing(CategoricalMechanism):
     name = "olh"
-    payload_fields = frozenset({"a", "b", "value"})
+    spec_model = OlhSpec
+    payload_schema = payload_shape(
+        "HashPayload",
+        "olh: the hash function's a and b, and the reported bucket.",
+        a=INTEGER,
+        b=INTEGER,
+        value=INTEGER,
+    )
 
-    def __init__(self, spec: MechanismSpec) -> None:
+    def __init__(self, spec: CategoricalSpec) -> None:
         super().__init__(spec)
         self.buckets: int = round(math.exp(self.epsilon)) + 1
         self.prime: int = smallest_prime_at_least(self.domain_size)
@@ -123,7 +145,7 @@ class OptimizedLocalHashing(CategoricalMechanism):
         """H_{a,b}(v) = ((a v + b) mod P) mod g (Python ints where products could overflow)."""
         return ((a * values + b) % self.prime) % self.buckets
 
-    def encode(self, values: np.ndarray, rng: Rng = None) -> np.ndarray:
+    def encode(self, values: Any, rng: Rng = None, context: DeviceContext = FRESH) -> np.ndarray:
         values = as_index_array(values, self.domain_size)
         source = as_source(rng)
         a = 1 + source.integers(self.prime - 1, values.size)
@@ -133,24 +155,10 @@ class OptimizedLocalHashing(CategoricalMechanism):
         return np.stack([a, b, y], axis=1)
 
     def check_reports(self, reports: np.ndarray) -> np.ndarray:
-        array = np.asarray(reports)
-        if array.ndim != 2 or array.shape[1] != 3 or not np.issubdtype(array.dtype, np.integer):
-            raise ValueError(f"OLH reports must be integer rows (a, b, y), got shape {array.shape}")
-        array = np.asarray(array, dtype=np.int64)
-        low = np.array([1, 0, 0])
-        high = np.array([self.prime - 1, self.prime - 1, self.buckets - 1])
-        columns = range(3)
-        if array.size and any(
-            array[:, j].min() < low[j] or array[:, j].max() > high[j] for j in columns
-        ):
-            bad = (array < low) | (array > high)
-            row = int(np.flatnonzero(bad.any(axis=1))[0])
-            field = int(np.flatnonzero(bad[row])[0])
-            raise ValueError(
-                f"report {row}: {('a', 'b', 'value')[field]} = {array[row, field]} is outside "
-                f"{low[field]}..{high[field]}"
-            )
-        return array
+        top = self.prime - 1
+        return check_integer_rows(
+            reports, "OLH", ("a", "b", "value"), [1, 0, 0], [top, top, self.buckets - 1]
+        )
 
     def empty_statistics(self) -> CountStatistics:
         return CountStatistics.empty(self.domain_size)

@@ -99,14 +99,18 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 from functools import cached_property
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import Field, model_validator
 
+from shared.mechanisms.abilities import FRESH, DeviceContext
 from shared.mechanisms.duchi import DuchiMean
-from shared.mechanisms.memoized import MemoizedMechanism
+from shared.mechanisms.memoized import MemoizedMechanism, MemoizedSpec
+from shared.mechanisms.registry import register
+from shared.mechanisms.spec import MIN_EPSILON, GridNumericSpec
 from shared.memo import Memo
 from shared.randomness import BITS53, Rng, as_source, certified_threshold, threshold53
-from shared.schemas import MechanismSpec
 
 #: Grid intervals of [lower, upper] when the spec leaves ``grid_steps`` out (see the
 #: module docstring: rounding costs no variance, few grid points keep lifetime epsilon small).
@@ -117,6 +121,51 @@ OFFSET_PURPOSE = b"onebitmean alpha"
 BIT_PURPOSE = b"onebitmean bit"
 
 
+def onebitmean_epsilon_report(epsilon: float, flip_probability: float) -> float:
+    """Epsilon of one ``onebitmean`` report with output perturbation ``gamma``.
+
+    The memoized bit is 1 with probability between 1 / (e^eps + 1) and e^eps / (e^eps + 1)
+    (Ding, Kulkarni and Yekhanin, NeurIPS 2017, 1BitMean); flipping it with probability
+    gamma before it is sent moves each probability pi to gamma + (1 - 2 gamma) pi, so one
+    report is ``ln((e^eps (1 - gamma) + gamma) / (e^eps gamma + 1 - gamma))``-LDP (equal to
+    eps at gamma = 0), while any number of reports stay post-processing of the memoized
+    bits (eps per distinct rounded value).
+    """
+    grown = math.exp(epsilon)
+    gamma = flip_probability
+    return math.log((grown * (1 - gamma) + gamma) / (grown * gamma + 1 - gamma))
+
+
+class OneBitMeanSpec(MemoizedSpec, GridNumericSpec):
+    """``{"mechanism": "onebitmean", "epsilon": 1.0, "lower": 0, "upper": 100}``, with
+    ``grid_steps`` (the rounding grid, default 8) and ``flip_probability`` (default 0);
+    ``epsilon_report`` is filled in from them (``onebitmean_epsilon_report``)."""
+
+    mechanism: Literal["onebitmean"]
+    flip_probability: float | None = Field(
+        default=None,
+        ge=0.0,
+        lt=0.5,
+        allow_inf_nan=False,
+        description=(
+            "onebitmean: output perturbation, the probability that each report's memoized "
+            "bit is flipped before it is sent (default 0); hides when a memoized value changes."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _derived_report_epsilon(self) -> OneBitMeanSpec:
+        derived = onebitmean_epsilon_report(self.epsilon, self.flip_probability or 0.0)
+        if derived < MIN_EPSILON:
+            raise ValueError(
+                f"flip_probability = {self.flip_probability} leaves one report "
+                f"epsilon_report = {derived:.3g}, below {MIN_EPSILON}: lower it"
+            )
+        self.check_derived_report_epsilon(derived)
+        return self
+
+
+@register
 class OneBitMean(MemoizedMechanism, DuchiMean):
     """1BitMean of the alpha-rounded value, memoized per grid point, then flipped with
     probability ``flip_probability`` (module docstring).
@@ -128,8 +177,10 @@ class OneBitMean(MemoizedMechanism, DuchiMean):
     """
 
     name = "onebitmean"
+    spec_model = OneBitMeanSpec
+    spec: OneBitMeanSpec
 
-    def __init__(self, spec: MechanismSpec) -> None:
+    def __init__(self, spec: OneBitMeanSpec) -> None:
         super().__init__(spec)
         self.grid_steps: int = spec.grid_steps or DEFAULT_GRID_STEPS
         self.flip_probability: float = spec.flip_probability or 0.0
@@ -232,12 +283,12 @@ class OneBitMean(MemoizedMechanism, DuchiMean):
         bits = memo.draws(BIT_PURPOSE, keys).bernoulli_below(self.bit_thresholds[keys][:, None])
         return bits[:, 0].astype(np.int8)
 
-    def encode(self, values: np.ndarray, rng: Rng = None, memo: Memo | None = None) -> np.ndarray:
+    def encode(self, values: Any, rng: Rng = None, context: DeviceContext = FRESH) -> np.ndarray:
         """One report per value: the memoized bit (``memo`` row i = value i's device;
         ``None``: offset and bit drawn fresh from ``rng``), flipped with probability
         F / 2^53 fresh from ``rng``. O(1) memory per value."""
         below, up = self.grid_rounding(values)
-        bits = self._permanent(below, up, self.memo_for(below, rng, memo))
+        bits = self._permanent(below, up, self.memo_for(below, rng, context.memo))
         if self.flip_threshold:
             bits ^= as_source(rng).bernoulli_below(self.flip_threshold, bits.size)
         return bits

@@ -139,19 +139,29 @@ from collections.abc import Sequence
 from fractions import Fraction
 from functools import cached_property
 from itertools import pairwise
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
 from shared.estimates import Estimate, HeavyHitters
-from shared.mechanisms.base import Mechanism, check_integer_field
+from shared.mechanisms.abilities import FRESH, DeviceContext, Discovery
+from shared.mechanisms.base import (
+    INTEGER,
+    Mechanism,
+    check_integer_field,
+    check_integer_rows,
+    payload_shape,
+)
 from shared.mechanisms.categorical import require_enumerable
 from shared.mechanisms.grr import k_ary_keep_threshold, k_ary_probabilities, k_ary_response
 from shared.mechanisms.memoized import MemoizedMechanism
+from shared.mechanisms.registry import register
 from shared.mechanisms.strings import (
     PAD,
     UTF8_START,
+    MaxLength,
     OpenStringMechanism,
+    StringSpec,
     factorize_utf8,
     padded_matrix,
     require_candidates,
@@ -159,9 +169,8 @@ from shared.mechanisms.strings import (
     utf8_extensions,
     utf8_values,
 )
-from shared.memo import Memo, splitmix64
+from shared.memo import splitmix64
 from shared.randomness import BITS53, Rng, as_source
-from shared.schemas import MechanismSpec
 from shared.statistics import CountStatistics
 
 #: The memo purpose of a device's group.
@@ -251,16 +260,31 @@ def _uniform_counts(total: int, cells: int, rng: np.random.Generator) -> np.ndar
     return rng.multinomial(total, np.full(cells, 1.0 / cells))
 
 
-class PrefixExtendingMethod(OpenStringMechanism, Mechanism[CountStatistics, Estimate]):
+class PemSpec(StringSpec):
+    """``{"mechanism": "pem", "epsilon": 4.0, "max_length": 16}``."""
+
+    mechanism: Literal["pem"]
+    max_length: MaxLength
+
+
+@register
+class PrefixExtendingMethod(OpenStringMechanism, Mechanism[CountStatistics]):
     """PEM over OLH: groups report growing prefixes; the server extends the best level by level."""
 
     name = "pem"
-    discovers: ClassVar[bool] = True
-    payload_fields = frozenset({"group", "seed", "value"})
+    spec_model = PemSpec
+    provides: ClassVar[tuple[type, ...]] = (Discovery,)
+    payload_schema = payload_shape(
+        "PrefixPayload",
+        "pem: the device's group, the seed hashing its group's prefix, and the bucket "
+        "response over the hashed buckets.",
+        group=INTEGER,
+        seed=INTEGER,
+        value=INTEGER,
+    )
 
-    def __init__(self, spec: MechanismSpec) -> None:
+    def __init__(self, spec: PemSpec) -> None:
         super().__init__(spec)
-        assert spec.max_length is not None  # guaranteed by MechanismSpec
         self.max_length: int = spec.max_length
         self.groups: int = spec.max_length
         self.start_bits: int = STEP_BITS
@@ -305,11 +329,13 @@ class PrefixExtendingMethod(OpenStringMechanism, Mechanism[CountStatistics, Esti
     # -- device side -------------------------------------------------------------------
 
     def encode(
-        self, values: Sequence[str] | np.ndarray, rng: Rng = None, memo: Memo | None = None
+        self, values: Sequence[str] | np.ndarray, rng: Rng = None, context: DeviceContext = FRESH
     ) -> np.ndarray:
+        """Reports of ``values``: each device's group from ``context.memo`` (for life; no
+        memo: drawn fresh), a fresh seed and a bucket response of its group's prefix."""
         distinct, codes = factorize_utf8(values, self.max_length)
         source = as_source(rng)
-        memo = MemoizedMechanism.memo_for(codes, rng, memo)
+        memo = MemoizedMechanism.memo_for(codes, rng, context.memo)
         groups = memo.draws(GROUP_PURPOSE).integers(self.groups)
         seeds = source.integers(self.seeds, codes.size)
         padded = padded_matrix(distinct, self.max_length)
@@ -332,23 +358,13 @@ class PrefixExtendingMethod(OpenStringMechanism, Mechanism[CountStatistics, Esti
     # -- reports and statistics --------------------------------------------------------
 
     def check_reports(self, reports: np.ndarray) -> np.ndarray:
-        array = np.asarray(reports)
-        if array.ndim != 2 or array.shape[1] != 3 or not np.issubdtype(array.dtype, np.integer):
-            raise ValueError(
-                f"PEM reports must be integer rows (group, seed, value), got {array.dtype} "
-                f"of shape {array.shape}"
-            )
-        array = np.asarray(array, dtype=np.int64)
-        high = np.array([self.groups, self.seeds, self.buckets]) - 1
-        bad = (array < 0) | (array > high)
-        if bad.any():
-            row = int(np.flatnonzero(bad.any(axis=1))[0])
-            field = int(np.flatnonzero(bad[row])[0])
-            raise ValueError(
-                f"report {row}: {('group', 'seed', 'value')[field]} = {array[row, field]} is "
-                f"outside 0..{high[field]}"
-            )
-        return array
+        return check_integer_rows(
+            reports,
+            "PEM",
+            ("group", "seed", "value"),
+            [0, 0, 0],
+            [self.groups - 1, self.seeds - 1, self.buckets - 1],
+        )
 
     def empty_statistics(self) -> CountStatistics:
         return CountStatistics.empty(self.cells)
@@ -476,9 +492,7 @@ class PrefixExtendingMethod(OpenStringMechanism, Mechanism[CountStatistics, Esti
         collisions = c * others / ((1 - c) * self.seeds)
         return np.sqrt(oracle + sampling + collisions)
 
-    def estimate(  # type: ignore[override]  # strings are answered for candidates
-        self, stats: CountStatistics, candidates: Sequence[str] | None = None
-    ) -> Estimate:
+    def estimate(self, stats: CountStatistics, candidates: Sequence[str] | None = None) -> Estimate:
         """Unbiased frequencies of whole strings, from the last group, with their std."""
         raw = utf8_values(require_candidates(self.name, candidates), self.max_length)
         table = self._group_table(stats, self.groups - 1)

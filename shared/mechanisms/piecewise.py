@@ -72,12 +72,15 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 from functools import lru_cache
-from typing import TypeAlias
+from typing import Any, Literal, TypeAlias
 
 import numpy as np
 
+from shared.mechanisms.abilities import FRESH, DeviceContext
 from shared.mechanisms.base import IndexReports
 from shared.mechanisms.numeric import NoiseVariance, NumericMechanism
+from shared.mechanisms.registry import register
+from shared.mechanisms.spec import GridNumericSpec
 from shared.randomness import (
     BITS53,
     Rng,
@@ -86,7 +89,6 @@ from shared.randomness import (
     realized_probability,
     threshold53,
 )
-from shared.schemas import MechanismSpec
 
 Real: TypeAlias = float | np.ndarray
 
@@ -137,10 +139,19 @@ def _block_moments(start: np.ndarray, size: np.ndarray, mean: np.ndarray) -> np.
     return np.stack([n * c**2 + d2, n * c**3 + 3 * c * d2, n * c**4 + 6 * c**2 * d2 + d4], axis=1)
 
 
+class PiecewiseSpec(GridNumericSpec):
+    """``{"mechanism": "piecewise", "epsilon": 1.0, "lower": 0, "upper": 100}``;
+    ``grid_steps`` defaults to 1024."""
+
+    mechanism: Literal["piecewise"]
+
+
+@register
 class PiecewiseMechanism(IndexReports, NumericMechanism):
     name = "piecewise"
+    spec_model = PiecewiseSpec
 
-    def __init__(self, spec: MechanismSpec) -> None:
+    def __init__(self, spec: PiecewiseSpec) -> None:
         super().__init__(spec)
         self.grid_steps: int = spec.grid_steps or DEFAULT_GRID_STEPS
         self.step: float = (self.upper - self.lower) / self.grid_steps
@@ -183,7 +194,7 @@ class PiecewiseMechanism(IndexReports, NumericMechanism):
         phi = threshold53(position - below, "down").astype(np.float64) / BITS53
         return below.astype(np.int64), phi
 
-    def encode(self, values: np.ndarray, rng: Rng = None) -> np.ndarray:
+    def encode(self, values: Any, rng: Rng = None, context: DeviceContext = FRESH) -> np.ndarray:
         position = self.grid_position(values)
         source = as_source(rng)
         below = np.floor(position)

@@ -99,14 +99,24 @@ from itertools import combinations
 from typing import Any, ClassVar, Literal
 
 import numpy as np
+from pydantic import Field, model_validator
 
-from shared.estimates import Estimate
 from shared.hashing import keyed_stream, rappor_bloom_digests
+from shared.mechanisms.abilities import (
+    FRESH,
+    CandidateQueries,
+    DeviceContext,
+    Memoized,
+    Secrets,
+)
 from shared.mechanisms.base import (
+    BASE64,
+    INTEGER,
     Mechanism,
     as_index_array,
     check_packed_rows,
     decode_bits_field,
+    payload_shape,
 )
 from shared.mechanisms.categorical import MAX_ENUMERATED_OUTPUTS, require_enumerable
 from shared.mechanisms.rappor_common import (
@@ -115,6 +125,8 @@ from shared.mechanisms.rappor_common import (
     distinct_per_row,
     factorize_strings,
 )
+from shared.mechanisms.registry import register
+from shared.mechanisms.spec import MAX_EPSILON, MIN_EPSILON, MechanismSpec, ValueKind, fill_in
 from shared.mechanisms.unary import bit_sums
 from shared.randomness import (
     BITS53,
@@ -124,12 +136,6 @@ from shared.randomness import (
     realized_probability,
     step_until_within,
     threshold53,
-)
-from shared.schemas import (
-    MechanismSpec,
-    rappor_epsilon_infinity,
-    rappor_epsilon_one,
-    rappor_report_probabilities,
 )
 from shared.statistics import CountStatistics
 
@@ -145,7 +151,6 @@ _ENCODE_CHUNK_BITS = 1 << 22
 #: Bit reversal within a byte: maps the big-endian ``np.packbits`` order to little.
 _REVERSE_BITS = np.array([int(f"{i:08b}"[::-1], 2) for i in range(256)], dtype=np.uint8)
 
-Secrets = bytes | Sequence[bytes] | np.ndarray
 Correction = Literal["bonferroni", "bh", "none"]
 Selection = Literal["auto", "lasso", "none"]
 #: Default ``alpha`` of each detection rule: a false discovery rate for Benjamini-Hochberg,
@@ -183,19 +188,143 @@ def from_integers(values: Sequence[int] | np.ndarray, bits: int) -> np.ndarray:
     return out
 
 
-class Rappor(Mechanism[CountStatistics, Estimate]):
+#: Largest Bloom filter (bits per report).
+MAX_NUM_BITS = 4096
+#: Most hash functions: each is one byte of an MD5 digest (16 bytes).
+MAX_NUM_HASHES = 16
+#: Most cohorts.
+MAX_NUM_COHORTS = 1 << 16
+#: Largest statistics: num_cohorts * (num_bits + 1) counts (32 MiB of int64).
+MAX_RAPPOR_CELLS = 1 << 22
+
+
+def rappor_report_probabilities(f: float, p: float, q: float) -> tuple[float, float]:
+    """``(p*, q*)``: P(reported bit = 1) when the Bloom bit is 0, and when it is 1.
+
+    The permanent randomized response keeps a Bloom bit with probability 1 - f
+    and otherwise sets it to 1 or 0 with probability f/2 each; the instantaneous
+    one reports 1 with probability q if the permanent bit is 1, p if it is 0.
+    So (Erlingsson, Pihur, Korolova, CCS 2014, Section 3)
+
+        q* = f (p + q) / 2 + (1 - f) q,    p* = f (p + q) / 2 + (1 - f) p.
+    """
+    shared = f * (p + q) / 2
+    return shared + (1 - f) * p, shared + (1 - f) * q
+
+
+def rappor_epsilon_one(num_hashes: int, f: float, p: float, q: float) -> float:
+    """Epsilon of one RAPPOR report: ``h ln(q* (1 - p*) / (p* (1 - q*)))``.
+
+    Two values' Bloom filters differ in at most h bits set in one and h in the
+    other; each reported bit is an independent randomized response with
+    P(1 | bit 1) = q*, P(1 | bit 0) = p*, so the likelihood ratio is at most
+    (q* / p*)^h ((1 - p*) / (1 - q*))^h (tight when num_bits >= 2 h). Infinite
+    when p* = 0 or q* = 1.
+    """
+    p_star, q_star = rappor_report_probabilities(f, p, q)
+    if p_star <= 0.0 or q_star >= 1.0:
+        return math.inf
+    return num_hashes * math.log(q_star * (1 - p_star) / (p_star * (1 - q_star)))
+
+
+def rappor_epsilon_infinity(num_hashes: int, f: float) -> float:
+    """Lifetime epsilon of one value: ``2 h ln((1 - f/2) / (f/2))`` (infinite for f = 0).
+
+    The permanent randomized response is memoized, so any number of reports of
+    the same value are post-processing of one PRR, whose per-bit likelihood
+    ratio is (1 - f/2) / (f/2) over at most 2 h differing Bloom bits.
+    """
+    if f <= 0.0:
+        return math.inf
+    return 2 * num_hashes * math.log((1 - f / 2) / (f / 2))
+
+
+class RapporSpec(MechanismSpec):
+    """``{"mechanism": "rappor", "num_bits": 32, "num_hashes": 1, "num_cohorts": 64,
+    "f": 0.5, "p": 0.25, "q": 0.75}``: the Bloom filter (k bits, h hashes, m cohorts) and
+    the randomized-response probabilities, all required. ``epsilon`` is the per-report
+    epsilon_one they imply (``rappor_epsilon_one``): omit it and it is filled in; give it
+    and it must agree (relative 1e-9)."""
+
+    kind: ClassVar[ValueKind] = "string"
+
+    mechanism: Literal["rappor"]
+    # Typed float for every caller: the validator fills it in when it is omitted.
+    epsilon: float = Field(  # type: ignore[assignment]
+        default=None,
+        ge=MIN_EPSILON,
+        le=MAX_EPSILON,
+        allow_inf_nan=False,
+        description="Epsilon of one report, derived from num_hashes, f, p and q (may be omitted).",
+    )
+    num_bits: int = Field(ge=1, le=MAX_NUM_BITS, description="Bloom filter bits k.")
+    num_hashes: int = Field(
+        ge=1, le=MAX_NUM_HASHES, description="Hash functions h (bits set per value)."
+    )
+    num_cohorts: int = Field(ge=1, le=MAX_NUM_COHORTS, description="Cohorts m.")
+    f: float = Field(
+        ge=0.0,
+        lt=1.0,
+        allow_inf_nan=False,
+        description="Probability that the permanent response replaces a Bloom bit.",
+    )
+    p: float = Field(
+        ge=0.0, le=1.0, allow_inf_nan=False, description="P(reported 1 | permanent bit 0)."
+    )
+    q: float = Field(
+        ge=0.0, le=1.0, allow_inf_nan=False, description="P(reported 1 | permanent bit 1)."
+    )
+
+    @model_validator(mode="after")
+    def _derived_epsilon(self) -> RapporSpec:
+        if not self.p < self.q:
+            raise ValueError(f"p must be < q, got p={self.p}, q={self.q}")
+        cells = self.num_cohorts * (self.num_bits + 1)
+        if cells > MAX_RAPPOR_CELLS:
+            raise ValueError(
+                f"num_cohorts * (num_bits + 1) = {cells} counts exceeds {MAX_RAPPOR_CELLS}; "
+                "use fewer cohorts or bits"
+            )
+        derived = rappor_epsilon_one(self.num_hashes, self.f, self.p, self.q)
+        implied = f"num_hashes={self.num_hashes}, f={self.f}, p={self.p}, q={self.q}"
+        if not derived <= MAX_EPSILON:
+            raise ValueError(
+                f"epsilon_one = {derived} implied by {implied} exceeds {MAX_EPSILON}; raise f "
+                "or bring p and q closer"
+            )
+        if derived < MIN_EPSILON:
+            raise ValueError(
+                f"epsilon_one = {derived} implied by {implied} is below {MIN_EPSILON}: the "
+                "reports would carry no signal; lower f or move p and q apart"
+            )
+        if self.epsilon is None:
+            fill_in(self, "epsilon", derived)
+        elif not math.isclose(self.epsilon, derived, rel_tol=1e-9, abs_tol=0.0):
+            raise ValueError(
+                f"epsilon = {self.epsilon} disagrees with epsilon_one = {derived!r} implied by "
+                f"{implied}; omit epsilon or give that value"
+            )
+        return self
+
+
+@register
+class Rappor(Mechanism[CountStatistics]):
     """RAPPOR over strings: Bloom filter, cohorts, memoized PRR, fresh IRR, candidate decoding."""
 
-    payload_fields = frozenset({"cohort", "bits"})
+    payload_schema = payload_shape(
+        "RapporPayload",
+        "rappor: the cohort, and base64 of the reported bits (bit i is bit i % 8 of byte i // 8).",
+        cohort=INTEGER,
+        bits=BASE64,
+    )
+    provides: ClassVar[tuple[type, ...]] = (CandidateQueries, Memoized)
 
     name = "rappor"
-    kind: ClassVar[str] = "string"
+    spec_model = RapporSpec
+    spec: RapporSpec
 
-    def __init__(self, spec: MechanismSpec) -> None:
+    def __init__(self, spec: RapporSpec) -> None:
         super().__init__(spec)
-        assert spec.num_bits is not None and spec.num_hashes is not None  # MechanismSpec
-        assert spec.num_cohorts is not None
-        assert spec.f is not None and spec.p is not None and spec.q is not None
         self.num_bits: int = spec.num_bits
         self.num_hashes: int = spec.num_hashes
         self.num_cohorts: int = spec.num_cohorts
@@ -229,6 +358,22 @@ class Rappor(Mechanism[CountStatistics, Estimate]):
     def epsilon_infinity(self) -> float:
         """Epsilon of any number of reports of one value: 2 h ln((1 - f/2) / (f/2))."""
         return rappor_epsilon_infinity(self.num_hashes, self.f)
+
+    @property
+    def epsilon_report(self) -> float:
+        """What one report reveals: ``epsilon_one``."""
+        return self.epsilon_one
+
+    @property
+    def epsilon_lifetime(self) -> float:
+        """What any number of reports of one value reveal: ``epsilon_infinity``."""
+        return self.epsilon_infinity
+
+    def ledger_keys(self, values: Any, context: DeviceContext) -> list[bytes]:
+        """The value itself (UTF-8): the permanent response is memoized per value."""
+        distinct, codes = factorize_strings(values)
+        raw = [text.encode("utf-8") for text in distinct]
+        return [raw[int(code)] for code in codes]
 
     @cached_property
     def thresholds(self) -> tuple[int, int, int]:
@@ -301,22 +446,29 @@ class Rappor(Mechanism[CountStatistics, Estimate]):
         secret_list = _secret_list(secrets, packed.shape[0])
         return self._prr(packed, secret_list)
 
-    def encode(  # type: ignore[override]  # strings need cohorts and secrets too
-        self, values: Any, cohorts: Any, secrets: Secrets, rng: Rng = None
-    ) -> np.ndarray:
-        """Reports of n values: ``values`` strings, ``cohorts`` ints, ``secrets`` per device.
+    def encode(self, values: Any, rng: Rng = None, context: DeviceContext = FRESH) -> np.ndarray:
+        """Reports of n values (strings), from the devices' ``context.secrets`` and
+        ``context.cohorts`` (ints, one per value; None derives each from its secret with
+        ``assign_cohort``).
 
-        ``secrets`` is one bytes object (every value from one device), a sequence of
+        The secrets are one bytes object (every value from one device), a sequence of
         n bytes objects, or a uint8 array of shape (n, L); each at least 16 bytes.
         The Bloom filters are hashed once per distinct (value, cohort), the PRR
         derived once per distinct (secret, Bloom filter), and the IRR drawn fresh
         from ``rng`` (``None``: the OS CSPRNG) for every report.
         """
+        if context.secrets is None:
+            raise ValueError(
+                "rappor reports derive from per-device secrets: pass "
+                "context=DeviceContext(secrets=...)"
+            )
         source = as_source(rng)
         distinct, codes = factorize_strings(values)
         n = codes.size
-        cohorts = self._check_cohorts(cohorts, n)
-        secret_list = _secret_list(secrets, n)
+        secret_list = _secret_list(context.secrets, n)
+        cohorts = self._check_cohorts(
+            self._cohorts_of(secret_list, n) if context.cohorts is None else context.cohorts, n
+        )
         reports = np.zeros(n, dtype=self.report_dtype)
         if n == 0:
             return reports
@@ -332,6 +484,11 @@ class Rappor(Mechanism[CountStatistics, Estimate]):
             prr = self._prr_of_pairs(pair_blooms, pair_of[start:stop], secret_list, start)
             reports["bits"][start:stop] = self._irr(prr, source)
         return reports
+
+    def _cohorts_of(self, secrets: list[bytes], n: int) -> np.ndarray:
+        """Each value's cohort from its device's secret (one secret: the same for all)."""
+        cohorts = np.array([self.assign_cohort(secret) for secret in secrets], dtype=np.int64)
+        return np.broadcast_to(cohorts, n) if cohorts.size == 1 else cohorts
 
     def _irr(self, prr: np.ndarray, source: RandomSource) -> np.ndarray:
         """Fresh instantaneous response: bit 1 w.p. q where the PRR is 1, p where it is 0."""

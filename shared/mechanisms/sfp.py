@@ -162,24 +162,31 @@ import hashlib
 from collections.abc import Sequence
 from functools import cached_property
 from statistics import NormalDist
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
+from pydantic import model_validator
 
 from shared.estimates import Estimate, HeavyHitters
 from shared.hadamard import walsh_hadamard
 from shared.hashing import gf32_multiply
+from shared.mechanisms.abilities import FRESH, DeviceContext, Discovery
 from shared.mechanisms.base import (
+    BASE64,
+    INTEGER,
     Mechanism,
     as_index_array,
     check_integer_field,
     check_packed_rows,
     decode_bits_field,
+    payload_shape,
 )
 from shared.mechanisms.categorical import require_enumerable
-from shared.mechanisms.sketch import CountMeanSketch
+from shared.mechanisms.registry import register
+from shared.mechanisms.sketch import MAX_SKETCH_CELLS, CmsSpec, CountMeanSketch, SketchSpec
 from shared.mechanisms.strings import (
     PAD,
+    MaxLength,
     OpenStringMechanism,
     factorize_utf8,
     padded_matrix,
@@ -187,9 +194,7 @@ from shared.mechanisms.strings import (
     string_population,
     well_formed_prefixes,
 )
-from shared.memo import Memo
 from shared.randomness import Rng, as_source
-from shared.schemas import MAX_SKETCH_CELLS, MechanismSpec
 from shared.statistics import CountStatistics
 
 __all__ = [
@@ -270,36 +275,52 @@ def string_tags(raw: Sequence[bytes]) -> np.ndarray:
     )
 
 
-class SequenceFragmentPuzzle(OpenStringMechanism, Mechanism[CountStatistics, Estimate]):
+class SfpSpec(SketchSpec):
+    """``{"mechanism": "sfp", "epsilon": 4.0, "sketch_width": 1024, "sketch_depth": 16,
+    "max_length": 16}``: ``sketch_width`` a power of two (fragments are decoded by a
+    Walsh-Hadamard transform), and ceil(max_length / 2) + 1 sketches in all."""
+
+    mechanism: Literal["sfp"]
+    max_length: MaxLength
+
+    @model_validator(mode="after")
+    def _sketches_fit(self) -> SfpSpec:
+        self.require_power_of_two_width()
+        cells = self.sketch_width * self.sketch_depth
+        sketches = (self.max_length + 1) // 2 + 1
+        if sketches * cells > MAX_SKETCH_CELLS:
+            raise ValueError(
+                f"sfp keeps ceil(max_length / 2) + 1 = {sketches} sketches of "
+                f"sketch_depth * sketch_width = {cells} counts: {sketches * cells} "
+                f"exceeds {MAX_SKETCH_CELLS}; use a smaller sketch or max_length"
+            )
+        return self
+
+
+@register
+class SequenceFragmentPuzzle(OpenStringMechanism, Mechanism[CountStatistics]):
     """Apple's SFP over ``cms`` sketches: one report per device, fragment or whole string."""
 
     name = "sfp"
-    discovers: ClassVar[bool] = True
-    payload_fields = frozenset({"kind", "position", "row", "bits"})
+    spec_model = SfpSpec
+    provides: ClassVar[tuple[type, ...]] = (Discovery,)
+    payload_schema = payload_shape(
+        "FragmentPayload",
+        "sfp: a cms report of the whole string (kind 0, position 0) or of the fragment at "
+        "a position (kind 1).",
+        kind=INTEGER,
+        position=INTEGER,
+        row=INTEGER,
+        bits=BASE64,
+    )
 
-    def __init__(self, spec: MechanismSpec) -> None:
+    def __init__(self, spec: SfpSpec) -> None:
         super().__init__(spec)
-        # guaranteed by MechanismSpec for "sfp":
-        assert spec.max_length is not None
-        assert spec.sketch_width is not None and spec.sketch_depth is not None
         width, depth = spec.sketch_width, spec.sketch_depth
         self.max_length: int = spec.max_length
         self.positions: int = (spec.max_length + 1) // 2
-        if width & (width - 1):
-            raise ValueError(
-                f"sketch_width must be a power of two for 'sfp' (fragments are decoded by a "
-                f"Walsh-Hadamard transform), got {width}"
-            )
-        if (self.positions + 1) * depth * width > MAX_SKETCH_CELLS:
-            raise ValueError(
-                f"sfp keeps ceil(max_length / 2) + 1 = {self.positions + 1} sketches of "
-                f"sketch_depth * sketch_width = {depth * width} counts, more than "
-                f"{MAX_SKETCH_CELLS} in all; use a smaller sketch or max_length"
-            )
         self.sketch = CountMeanSketch(
-            MechanismSpec(
-                mechanism="cms", epsilon=spec.epsilon, sketch_width=width, sketch_depth=depth
-            )
+            CmsSpec(mechanism="cms", epsilon=spec.epsilon, sketch_width=width, sketch_depth=depth)
         )
         self.depth, self.width = depth, width
         #: Counts of one sketch's statistics, k (m + 1).
@@ -326,9 +347,9 @@ class SequenceFragmentPuzzle(OpenStringMechanism, Mechanism[CountStatistics, Est
     # -- device side -------------------------------------------------------------------
 
     def encode(
-        self, values: Sequence[str] | np.ndarray, rng: Rng = None, memo: Memo | None = None
+        self, values: Sequence[str] | np.ndarray, rng: Rng = None, context: DeviceContext = FRESH
     ) -> np.ndarray:
-        """One report per value (module docstring, "Device"). ``memo`` is not used: nothing
+        """One report per value (module docstring, "Device"). ``context`` is not used: nothing
         about a device is permanent here, every report draws its slot, row and noise afresh
         from ``rng`` (``None``: the OS CSPRNG)."""
         raw, codes = factorize_utf8(values, self.max_length)
@@ -494,7 +515,7 @@ class SequenceFragmentPuzzle(OpenStringMechanism, Mechanism[CountStatistics, Est
 
     # -- estimation --------------------------------------------------------------------
 
-    def estimate(  # type: ignore[override]  # strings are estimated against candidates
+    def estimate(
         self, stats: CountStatistics, candidates: Sequence[str] | np.ndarray | None = None
     ) -> Estimate:
         """Unbiased frequencies of ``candidates`` (entry i is ``candidates[i]``) among all n

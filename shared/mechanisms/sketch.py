@@ -126,20 +126,25 @@ from abc import abstractmethod
 from collections.abc import Sequence
 from fractions import Fraction
 from functools import cached_property
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import Field, model_validator
 
 from shared.bitcount import bit_sums
 from shared.estimates import Estimate
 from shared.hadamard import walsh_hadamard
 from shared.hashing import SketchHash
+from shared.mechanisms.abilities import FRESH, DeviceContext
 from shared.mechanisms.base import (
+    BASE64,
+    INTEGER,
     Mechanism,
     as_index_array,
     check_integer_field,
     check_packed_rows,
     decode_bits_field,
+    payload_shape,
 )
 from shared.mechanisms.categorical import (
     MAX_ENUMERATED_OUTPUTS,
@@ -147,14 +152,15 @@ from shared.mechanisms.categorical import (
     require_enumerable,
 )
 from shared.mechanisms.grr import k_ary_keep_threshold, k_ary_probabilities, k_ary_response
+from shared.mechanisms.registry import register
 from shared.mechanisms.strings import (
     OpenStringMechanism,
+    StringSpec,
     factorize_utf8,
     require_candidates,
     string_population,
     utf8_values,
 )
-from shared.memo import Memo
 from shared.randomness import (
     BITS53,
     RandomSource,
@@ -163,7 +169,6 @@ from shared.randomness import (
     certified_threshold,
     realized_probability,
 )
-from shared.schemas import MechanismSpec
 from shared.statistics import CountStatistics
 
 __all__ = ["CountMeanSketch", "HadamardCountMeanSketch", "SketchMechanism"]
@@ -177,13 +182,69 @@ _UNPACK_BITS = 1 << 24
 _SIMULATION_CELLS = 1 << 22
 
 
-class SketchMechanism(OpenStringMechanism, Mechanism[CountStatistics, Estimate]):
+#: Largest count sketch: sketch_depth * sketch_width counts (32 MiB of int64).
+MAX_SKETCH_CELLS = 1 << 22
+
+
+class SketchSpec(StringSpec):
+    """A count sketch of ``sketch_depth`` (k) rows of ``sketch_width`` (m) columns."""
+
+    sketch_width: int = Field(
+        ge=2,
+        le=MAX_SKETCH_CELLS,
+        description="cms, hcms, sfp: columns m of the count sketch (hcms: a power of two).",
+    )
+    sketch_depth: int = Field(
+        ge=1,
+        le=MAX_SKETCH_CELLS,
+        description="cms, hcms, sfp: hash functions k, the rows of the count sketch.",
+    )
+
+    @model_validator(mode="after")
+    def _sketch_fits(self) -> SketchSpec:
+        cells = self.sketch_width * self.sketch_depth
+        if cells > MAX_SKETCH_CELLS:
+            raise ValueError(
+                f"sketch_depth * sketch_width = {cells} counts exceeds {MAX_SKETCH_CELLS}; "
+                "use a smaller sketch"
+            )
+        return self
+
+    def require_power_of_two_width(self) -> None:
+        """ValueError unless ``sketch_width`` is a power of two (a Hadamard transform's size)."""
+        if self.sketch_width & (self.sketch_width - 1):
+            raise ValueError(
+                f"sketch_width must be a power of two for {self.mechanism!r} (a Hadamard "
+                f"transform's size), got {self.sketch_width}"
+            )
+
+
+class CmsSpec(SketchSpec):
+    """``{"mechanism": "cms", "epsilon": 4.0, "sketch_width": 1024, "sketch_depth": 64}``."""
+
+    mechanism: Literal["cms"]
+
+
+class HcmsSpec(SketchSpec):
+    """``{"mechanism": "hcms", "epsilon": 4.0, "sketch_width": 1024, "sketch_depth": 64}``
+    (``sketch_width`` a power of two)."""
+
+    mechanism: Literal["hcms"]
+
+    @model_validator(mode="after")
+    def _hadamard_width(self) -> HcmsSpec:
+        self.require_power_of_two_width()
+        return self
+
+
+class SketchMechanism(OpenStringMechanism, Mechanism[CountStatistics]):
     """What ``cms`` and ``hcms`` share: hashing, the estimate and its variance, the
     second moment, the exact transition matrix (see the module docstring)."""
 
-    def __init__(self, spec: MechanismSpec) -> None:
+    spec: SketchSpec
+
+    def __init__(self, spec: SketchSpec) -> None:
         super().__init__(spec)
-        assert spec.sketch_depth is not None and spec.sketch_width is not None  # MechanismSpec
         self.depth: int = spec.sketch_depth
         self.width: int = spec.sketch_width
         self.hash = SketchHash(self.depth, self.width)
@@ -224,11 +285,11 @@ class SketchMechanism(OpenStringMechanism, Mechanism[CountStatistics, Estimate])
     # --- device side ------------------------------------------------------------------
 
     def encode(
-        self, values: Sequence[str] | np.ndarray, rng: Rng = None, memo: Memo | None = None
+        self, values: Sequence[str] | np.ndarray, rng: Rng = None, context: DeviceContext = FRESH
     ) -> np.ndarray:
         """Reports of ``values`` (strings, one per device), each string hashed once.
 
-        ``memo`` is not used: nothing about a device is permanent here, every report
+        ``context`` is not used: nothing about a device is permanent here, every report
         draws its row and its noise afresh from ``rng`` (``None``: the OS CSPRNG).
         """
         raw, codes = factorize_utf8(values)
@@ -245,7 +306,7 @@ class SketchMechanism(OpenStringMechanism, Mechanism[CountStatistics, Estimate])
 
     # --- server side ------------------------------------------------------------------
 
-    def estimate(  # type: ignore[override]  # strings are estimated against candidates
+    def estimate(
         self, stats: CountStatistics, candidates: Sequence[str] | np.ndarray | None = None
     ) -> Estimate:
         """Unbiased frequencies of ``candidates`` (entry i is ``candidates[i]``) with their
@@ -337,13 +398,21 @@ class SketchMechanism(OpenStringMechanism, Mechanism[CountStatistics, Estimate])
         return np.concatenate(blocks, axis=1) / self.depth
 
 
+@register
 class CountMeanSketch(SketchMechanism):
     """Apple's Count Mean Sketch: m noisy sign bits per report (module docstring)."""
 
     name = "cms"
-    payload_fields = frozenset({"row", "bits"})
+    spec_model = CmsSpec
+    payload_schema = payload_shape(
+        "SketchBitsPayload",
+        "cms: the sketch row, and base64 of the sketch_width signs as numpy.packbits "
+        "bytes, 1 for +1.",
+        row=INTEGER,
+        bits=BASE64,
+    )
 
-    def __init__(self, spec: MechanismSpec) -> None:
+    def __init__(self, spec: SketchSpec) -> None:
         super().__init__(spec)
         self.row_bytes: int = (self.width + 7) // 8
         self.report_dtype = np.dtype([("row", "<i8"), ("bits", np.uint8, (self.row_bytes,))])
@@ -505,11 +574,19 @@ class CountMeanSketch(SketchMechanism):
         return self.p**agree * self.q ** (m - agree)
 
 
+@register
 class HadamardCountMeanSketch(SketchMechanism):
     """Apple's Hadamard Count Mean Sketch: one noisy Hadamard coefficient per report."""
 
     name = "hcms"
-    payload_fields = frozenset({"row", "column", "bit"})
+    spec_model = HcmsSpec
+    payload_schema = payload_shape(
+        "SketchSignPayload",
+        "hcms: the sketch row, the Hadamard coefficient's column, and its sign bit, 0 or 1.",
+        row=INTEGER,
+        column=INTEGER,
+        bit=INTEGER,
+    )
 
     @cached_property
     def keep_threshold(self) -> int:

@@ -6,8 +6,8 @@ about (``estimate(stats, candidates)``, an ``Estimate`` whose entry i is
 ``candidates[i]``); the discovery mechanisms (``pem``, ``sfp``) also find the most
 frequent strings without candidates (``heavy_hitters(stats, k)``, a ``HeavyHitters``).
 
-``encode(values, rng=None, memo=None)``: ``values`` a sequence of strings, one per
-device; ``memo`` the devices' permanent randomness (``shared.memo``), used where a
+``encode(values, rng=None, context=FRESH)``: ``values`` a sequence of strings, one per
+device; ``context.memo`` the devices' permanent randomness (``shared.memo``), used where a
 mechanism assigns a device something for life (``pem``: its group); ``None`` draws it
 fresh, which gives one report the same law.
 
@@ -25,18 +25,31 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
+from pydantic import Field
 
-from shared.estimates import Estimate, HeavyHitters
+from shared.estimates import Estimate
+from shared.mechanisms.abilities import FRESH, CandidateQueries, DeviceContext
 from shared.mechanisms.categorical import check_true_counts
 from shared.mechanisms.rappor_common import factorize_strings
-from shared.memo import Memo
+from shared.mechanisms.spec import MechanismSpec, ValueKind
 from shared.randomness import Rng
 
 #: The padding byte, which UTF-8 never uses.
 PAD = 0xFF
+#: Longest string a discovery mechanism takes (UTF-8 bytes).
+MAX_STRING_BYTES = 256
+#: The longest string (UTF-8 bytes) a device may report, for the discovery mechanisms.
+MaxLength = Annotated[
+    int,
+    Field(
+        ge=1,
+        le=MAX_STRING_BYTES,
+        description="pem, sfp: the longest string (UTF-8 bytes) a device may report.",
+    ),
+]
 
 # The automaton's states: a whole character read, 1..3 continuation bytes still due (with
 # the special ranges after E0, ED, F0, F4), padding begun, rejected.
@@ -192,16 +205,20 @@ def require_candidates(
     return candidates
 
 
+class StringSpec(MechanismSpec):
+    """The spec of a mechanism whose values are strings."""
+
+    kind: ClassVar[ValueKind] = "string"
+
+
 class OpenStringMechanism:
     """Mixin for the open-domain string mechanisms (see the module docstring)."""
 
-    kind: ClassVar[str] = "string"
-    #: Whether ``heavy_hitters`` finds strings without candidates (``pem``, ``sfp``).
-    discovers: ClassVar[bool] = False
+    provides: ClassVar[tuple[type, ...]] = (CandidateQueries,)
 
     @abstractmethod
     def encode(
-        self, values: Sequence[str] | np.ndarray, rng: Rng = None, memo: Memo | None = None
+        self, values: Sequence[str] | np.ndarray, rng: Rng = None, context: DeviceContext = FRESH
     ) -> np.ndarray:
         """Reports of ``values`` (strings, one per device)."""
 
@@ -209,10 +226,3 @@ class OpenStringMechanism:
     def estimate(self, stats: Any, candidates: Sequence[str] | None = None) -> Estimate:
         """Unbiased frequencies (with std) of ``candidates``, in their order; ValueError
         without candidates (there is no list of categories to estimate)."""
-
-    def heavy_hitters(self, stats: Any, k: int) -> HeavyHitters:
-        """The ``k`` most frequent strings found without candidates, most frequent first."""
-        raise ValueError(
-            f"the {type(self).__name__} mechanism estimates candidate strings only; "
-            "heavy hitters need a discovery mechanism (pem or sfp)"
-        )

@@ -32,17 +32,26 @@ import math
 from abc import abstractmethod
 from fractions import Fraction
 from functools import cached_property
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from shared.bitcount import bit_sums
-from shared.mechanisms.base import as_index_array, check_packed_rows, decode_bits_field
+from shared.mechanisms.abilities import FRESH, DeviceContext
+from shared.mechanisms.base import (
+    BASE64,
+    as_index_array,
+    check_packed_rows,
+    decode_bits_field,
+    payload_shape,
+)
 from shared.mechanisms.categorical import (
     CategoricalMechanism,
     check_true_counts,
     require_enumerable,
 )
+from shared.mechanisms.registry import register
+from shared.mechanisms.spec import CategoricalSpec
 from shared.randomness import (
     BITS53,
     Rng,
@@ -57,7 +66,11 @@ from shared.statistics import CountStatistics
 class UnaryEncoding(CategoricalMechanism):
     """Shared body of SUE and OUE; subclasses give the nominal p and q."""
 
-    payload_fields = frozenset({"bits"})
+    payload_schema = payload_shape(
+        "BitsPayload",
+        "sue, oue, lsue, loue, losue: base64 of numpy.packbits bytes of the d bits.",
+        bits=BASE64,
+    )
 
     @abstractmethod
     def nominal_probabilities(self) -> tuple[float, float]:
@@ -89,7 +102,7 @@ class UnaryEncoding(CategoricalMechanism):
     def row_bytes(self) -> int:
         return (self.domain_size + 7) // 8
 
-    def encode(self, values: np.ndarray, rng: Rng = None) -> np.ndarray:
+    def encode(self, values: Any, rng: Rng = None, context: DeviceContext = FRESH) -> np.ndarray:
         values = as_index_array(values, self.domain_size)
         source = as_source(rng)
         if values.size == 1:  # one device's report: one random byte per bit, in one buffer
@@ -154,8 +167,16 @@ class UnaryEncoding(CategoricalMechanism):
         return self.check_reports(rows)
 
 
+class SueSpec(CategoricalSpec):
+    """``{"mechanism": "sue", "epsilon": 1.0, "domain_size": 64}``."""
+
+    mechanism: Literal["sue"]
+
+
+@register
 class SymmetricUnaryEncoding(UnaryEncoding):
     name = "sue"
+    spec_model = SueSpec
 
     def nominal_probabilities(self) -> tuple[float, float]:
         """p = e^(eps/2) / (e^(eps/2) + 1), q = 1 / (e^(eps/2) + 1)."""
@@ -163,8 +184,16 @@ class SymmetricUnaryEncoding(UnaryEncoding):
         return half / (half + 1), 1.0 / (half + 1)
 
 
+class OueSpec(CategoricalSpec):
+    """``{"mechanism": "oue", "epsilon": 1.0, "domain_size": 64}``."""
+
+    mechanism: Literal["oue"]
+
+
+@register
 class OptimizedUnaryEncoding(UnaryEncoding):
     name = "oue"
+    spec_model = OueSpec
 
     def nominal_probabilities(self) -> tuple[float, float]:
         """p = 1/2, q = 1 / (e^eps + 1)."""

@@ -33,7 +33,8 @@ import numpy as np
 import pytest
 
 from client.ledger import BudgetLimits, MemoizedCost, PrivacyLedger
-from shared.mechanisms import Rappor, make_mechanism
+from shared.mechanisms import make_mechanism
+from shared.mechanisms.rappor import Rappor
 from shared.schemas import MechanismSpec, MetricSpec
 from shared.spec_hash import spec_hash
 

@@ -97,6 +97,7 @@ def exact_pmf(mech: Any, values: np.ndarray) -> tuple[np.ndarray, int]:
     m = np.arange(cells)
     rows = []
     for base, f in zip(below.astype(int), up.astype(object), strict=True):
+
         def column(i: int) -> np.ndarray:
             return np.where((m >= i) & (m < i + w), high, low).astype(object)
 
@@ -110,9 +111,7 @@ def log_ratio(numerator: int, denominator: int) -> Decimal:
 
 
 PIECEWISE_CASES = [
-    (epsilon, steps)
-    for epsilon in (0.01, 0.5, 1.0, 2.3, 5.0)
-    for steps in (1, 3, 16, None)
+    (epsilon, steps) for epsilon in (0.01, 0.5, 1.0, 2.3, 5.0) for steps in (1, 3, 16, None)
 ]
 
 
@@ -121,9 +120,7 @@ def test_piecewise_likelihood_ratio_is_at_most_and_exactly_epsilon(
     epsilon: float, steps: int | None
 ) -> None:
     lower, upper = -3.7, 11.2
-    mech = build(
-        mechanism="piecewise", epsilon=epsilon, lower=lower, upper=upper, grid_steps=steps
-    )
+    mech = build(mechanism="piecewise", epsilon=epsilon, lower=lower, upper=upper, grid_steps=steps)
     k = mech.grid_steps
     width = upper - lower
     values = np.concatenate(

@@ -31,7 +31,8 @@ from scipy import stats
 
 from client import BudgetLimits, TelemetryClient
 from client.specs import SPECS_FILE
-from shared.mechanisms import Rappor, make_mechanism
+from shared.mechanisms import make_mechanism
+from shared.mechanisms.rappor import Rappor
 from shared.schemas import MechanismSpec
 
 DEVICES = 300

@@ -189,9 +189,7 @@ def test_duchi_realized_epsilon(epsilon: float) -> None:
 def test_laplace_realized_epsilon(epsilon: float, grid_steps: int) -> None:
     """Exact noise with g = s / t: the worst ratio is e^(g K) = e^(s K / t), a rational
     exponent compared with the declared epsilon exactly."""
-    mech = build(
-        mechanism="laplace", epsilon=epsilon, lower=0.0, upper=1.0, grid_steps=grid_steps
-    )
+    mech = build(mechanism="laplace", epsilon=epsilon, lower=0.0, upper=1.0, grid_steps=grid_steps)
     realized = Fraction(mech.noise_s * grid_steps, mech.noise_t)
     assert realized <= Fraction(epsilon)
     assert Fraction(epsilon) - realized < Fraction(1, 2**20)

@@ -37,9 +37,9 @@ from scipy import stats
 
 from client import BudgetLimits, SpecChangedError, SpecError, TelemetryClient
 from client.ledger import PrivacyLedger
-from client.sdk import memo_key_bytes
 from shared.mechanisms import make_mechanism
 from shared.mechanisms.lgrr import LongitudinalGRR
+from shared.mechanisms.memoized import memo_key_bytes
 from shared.memo import KeyedMemo, memo_scope, spec_scope
 from shared.schemas import MetricSpec
 from shared.spec_hash import spec_hash

@@ -29,7 +29,8 @@ from aggregator.app import create_app
 from aggregator.auth import bootstrap_keys, hash_key
 from aggregator.settings import Settings
 from aggregator.storage import Repositories
-from shared.mechanisms import Mechanism, Rappor, make_mechanism
+from shared.mechanisms import DeviceContext, Mechanism, make_mechanism
+from shared.mechanisms.rappor import Rappor
 from shared.schemas import MechanismSpec
 
 ADMIN_KEY = "api-test-admin-key-0123456789"
@@ -140,7 +141,7 @@ def encode(
         values = rng.choice(labels, n, p=weights / weights.sum())
         cohorts = rng.integers(0, spec.num_cohorts, n)
         secrets = [rng.bytes(16) for _ in range(n)]
-        return mech.encode(values, cohorts, secrets, rng=rng)
+        return mech.encode(values, rng=rng, context=DeviceContext(secrets=secrets, cohorts=cohorts))
     if spec.kind == "categorical":
         assert spec.domain_size is not None
         weights = np.arange(spec.domain_size, 0, -1, dtype=np.float64)

@@ -29,7 +29,8 @@ from aggregator.app import create_app
 from aggregator.auth import bootstrap_keys
 from aggregator.settings import Settings
 from aggregator.storage import Repositories
-from shared.mechanisms import Mechanism, Rappor, make_mechanism
+from shared.mechanisms import DeviceContext, Mechanism, make_mechanism
+from shared.mechanisms.rappor import Rappor
 from shared.schemas import MechanismSpec
 
 ADMIN_KEY = "bad-input-admin-key-0123456789"
@@ -105,7 +106,9 @@ class Service:
             values = self.rng.choice(RAPPOR_LABELS, count)
             cohorts = self.rng.integers(0, 4, count)
             secrets = [self.rng.bytes(16) for _ in range(count)]
-            encoded = mech.encode(values, cohorts, secrets, rng=self.rng)
+            encoded = mech.encode(
+                values, rng=self.rng, context=DeviceContext(secrets=secrets, cohorts=cohorts)
+            )
         elif mech.spec.kind == "categorical":
             assert mech.spec.domain_size is not None
             encoded = mech.encode(self.rng.integers(0, mech.spec.domain_size, count), rng=self.rng)

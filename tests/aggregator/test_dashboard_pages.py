@@ -29,7 +29,7 @@ from aggregator.auth import bootstrap_keys
 from aggregator.registry import DEMO_METRICS
 from aggregator.routes.ui import CONTENT_SECURITY_POLICY, ui_directory
 from aggregator.settings import Settings
-from shared.schemas import rappor_epsilon_infinity
+from shared.mechanisms.rappor import rappor_epsilon_infinity
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_KEY = "pages-admin-key-0123456789"

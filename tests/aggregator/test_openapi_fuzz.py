@@ -36,7 +36,8 @@ from aggregator.app import create_app
 from aggregator.registry import DEMO_METRICS
 from aggregator.service import Aggregator, Services
 from aggregator.settings import Settings
-from shared.mechanisms import Rappor, make_mechanism
+from shared.mechanisms import DeviceContext, make_mechanism
+from shared.mechanisms.rappor import Rappor
 from shared.schemas import ReportBatch
 from simulations.server import Server, start_server
 
@@ -146,7 +147,9 @@ def _store_reports(aggregator: Aggregator, rng: np.random.Generator) -> None:
             strings = [metric.labels[i] for i in rng.integers(0, len(metric.labels), count)]
             cohorts = rng.integers(0, spec.num_cohorts or 1, count)
             secrets = [rng.bytes(16) for _ in range(count)]
-            reports = mechanism.encode(strings, cohorts, secrets, rng=rng)
+            reports = mechanism.encode(
+                strings, rng=rng, context=DeviceContext(secrets=secrets, cohorts=cohorts)
+            )
         items = [
             {
                 "report_id": str(uuid.uuid4()),

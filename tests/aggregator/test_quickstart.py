@@ -44,7 +44,7 @@ from aggregator.registry import DEMO_METRICS
 from aggregator.repositories.reports import ReportsRepository
 from aggregator.service import Aggregator, Services
 from aggregator.settings import Settings
-from shared.mechanisms import GeneralizedRandomizedResponse
+from shared.mechanisms.grr import GeneralizedRandomizedResponse
 from shared.schemas import ReportBatch
 from tests.support import free_port
 

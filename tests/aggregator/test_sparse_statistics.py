@@ -26,7 +26,8 @@ from aggregator.auth import bootstrap_keys
 from aggregator.repositories.reports import ReportsRepository
 from aggregator.settings import Settings
 from aggregator.storage import PartialRow
-from shared.mechanisms import Rappor, make_mechanism
+from shared.mechanisms import make_mechanism
+from shared.mechanisms.rappor import Rappor
 from shared.schemas import MechanismSpec
 from shared.statistics import CountStatistics
 

@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 
 from client import BudgetLimits, RetryPolicy, TelemetryClient
-from shared.mechanisms import GeneralizedRandomizedResponse, PiecewiseMechanism, make_mechanism
+from shared.mechanisms import make_mechanism
+from shared.mechanisms.grr import GeneralizedRandomizedResponse
+from shared.mechanisms.piecewise import PiecewiseMechanism
 from shared.schemas import MechanismSpec
 
 #: The repository root (for the README).

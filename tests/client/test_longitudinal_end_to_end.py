@@ -39,7 +39,7 @@ from scipy import stats
 from client import BudgetLimits, RetryPolicy, TelemetryClient
 from client.sdk import random_uuid4
 from client.specs import SPECS_FILE
-from shared.mechanisms import make_mechanism
+from shared.mechanisms import DeviceContext, make_mechanism
 from shared.mechanisms.lgrr import LongitudinalGRR
 from shared.memo import KeyedMemo, spec_scope
 from shared.schemas import MechanismSpec, MetricSpec
@@ -235,7 +235,9 @@ def test_two_thousand_devices_report_daily_for_thirty_days(
     served = MetricSpec.model_validate(next(item for item in specs if item["name"] == METRIC))
     memo = KeyedMemo([os.urandom(32) for _ in others], spec_scope(spec_hash(served)))
     for day in range(DAYS):
-        payloads = mechanism.to_payloads(mechanism.encode(others[:, day], memo=memo))
+        payloads = mechanism.to_payloads(
+            mechanism.encode(others[:, day], context=DeviceContext(memo=memo))
+        )
         post_day(aggregator, payloads, version, origin + day * DAY + 3600)
 
     # Every SDK ledger: epsilon per distinct value for life, epsilon_report for the day.

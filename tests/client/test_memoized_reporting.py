@@ -39,9 +39,10 @@ from client import BudgetExhaustedError, BudgetLimits, MemoizedCost, SpecError, 
 from client.ledger import PrivacyLedger
 from client.outbox import Outbox
 from client.sdk import memoized_cost, rappor_secret
-from shared.mechanisms import Rappor, make_mechanism
+from shared.mechanisms import DeviceContext, make_mechanism
 from shared.mechanisms.dbitflip import DBitFlip
 from shared.mechanisms.lgrr import LongitudinalGRR, grr_matrix
+from shared.mechanisms.rappor import Rappor
 from shared.memo import KeyedMemo, spec_scope
 from shared.schemas import MechanismSpec, MetricSpec
 from shared.spec_hash import spec_hash
@@ -516,7 +517,9 @@ def test_same_value_same_permanent_response_across_restarts_and_processes(
             break
     assert permanent != value  # P(50 draws all kept) = 0.6^50
     memo = device_memo(state, "mem.dbitflip")
-    expected_bits = dbitflip.to_payloads(dbitflip.encode(np.array([value]), memo=memo))[0]
+    expected_bits = dbitflip.to_payloads(
+        dbitflip.encode(np.array([value]), context=DeviceContext(memo=memo))
+    )[0]
 
     for _ in range(2):  # a client, then a restarted one on the same directory
         client = open_client(state, FakeClock())

@@ -462,7 +462,7 @@ def test_rappor_charges_epsilon_infinity_once_per_distinct_value(
 
 
 def test_rappor_without_a_lifetime_bound_is_refused(fake: FakeAggregator, client: Any) -> None:
-    with pytest.raises(SpecError, match="epsilon_infinity is infinite"):
+    with pytest.raises(SpecError, match="lifetime epsilon is infinite"):
         client.record_string("str.rappor_unbounded", "home-a.example")
     assert client.queued == 0 and client.budget().spent_lifetime == 0.0
 

@@ -35,6 +35,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from shared.mechanisms import DeviceContext
 from shared.mechanisms.dbitflip import (
     BITS_PURPOSE,
     BUCKETS_PURPOSE,
@@ -285,7 +286,7 @@ def test_memoized_encode_and_permanent_match_their_matrices(
     mech = mechanism(epsilon, d, s)
     values = np.full(SAMPLES, value)
     memo = SimulatedMemo(np.arange(SAMPLES), seed=zlib.crc32(f"sim-{d}-{s}".encode()))
-    reports = mech.encode(values, rng_for("unused"), memo)
+    reports = mech.encode(values, rng_for("unused"), context=DeviceContext(memo=memo))
     np.testing.assert_array_equal(mech.permanent(values, memo), reports)
     cells = math.comb(d, s) * 2**s
     assert_fits(
@@ -364,9 +365,11 @@ def test_one_device_keeps_its_response_across_calls_restarts_and_batches() -> No
     first = mech.permanent(values, device)
     np.testing.assert_array_equal(mech.permanent(values, device), first)
     restarted = KeyedMemo(secret, SCOPE, size=7)  # a new object: the process restarted
-    np.testing.assert_array_equal(mech.encode(values, None, restarted), first)
+    np.testing.assert_array_equal(
+        mech.encode(values, None, context=DeviceContext(memo=restarted)), first
+    )
     for v in range(7):  # one value at a time, as a device reports
-        single = mech.encode(np.array([v]), None, KeyedMemo(secret, SCOPE))
+        single = mech.encode(np.array([v]), context=DeviceContext(memo=KeyedMemo(secret, SCOPE)))
         np.testing.assert_array_equal(single[0], first[v])
     # Every value's response uses the device's one sample.
     assert len({tuple(row) for row in first["buckets"].tolist()}) == 1
@@ -376,9 +379,15 @@ def test_simulated_devices_keep_their_responses_wherever_they_sit_in_a_batch() -
     mech = mechanism(1.0, 10, 2)
     devices = np.arange(5000)
     values = devices % 10
-    first = mech.encode(values, rng_for("a"), SimulatedMemo(devices, seed=17))
+    first = mech.encode(
+        values, rng_for("a"), context=DeviceContext(memo=SimulatedMemo(devices, seed=17))
+    )
     order = rng_for("order").permutation(devices.size)
-    again = mech.encode(values[order], rng_for("b"), SimulatedMemo(devices[order], seed=17))
+    again = mech.encode(
+        values[order],
+        rng_for("b"),
+        context=DeviceContext(memo=SimulatedMemo(devices[order], seed=17)),
+    )
     np.testing.assert_array_equal(again, first[order])
 
 
@@ -415,11 +424,11 @@ def test_memoized_reports_do_not_average_to_the_value_stateless_ones_do() -> Non
         hit = reports["buckets"][:, 0] == values
         return scale * hit * (reports["bits"][:, 0] - q) / (p - q)
 
-    first = mech.encode(values, rng, memo)
+    first = mech.encode(values, rng, context=DeviceContext(memo=memo))
     memoized = np.zeros(devices)
     stateless = np.zeros(devices)
     for _ in range(periods):
-        reports = mech.encode(values, rng, memo)
+        reports = mech.encode(values, rng, context=DeviceContext(memo=memo))
         np.testing.assert_array_equal(reports, first)  # the same report every period
         memoized += own_term(reports) / periods
         stateless += own_term(mech.encode(values, rng)) / periods
@@ -475,7 +484,7 @@ def test_memoized_devices_estimate_each_period_unbiasedly() -> None:
     for period in range(3):
         if period:  # every fifth device moves to the next bucket
             values = np.where(np.arange(n) % 5 == period, (values + 1) % 6, values)
-        reports = mech.encode(np.tile(values, runs), rng, memo)
+        reports = mech.encode(np.tile(values, runs), rng, context=DeviceContext(memo=memo))
         if previous is not None:
             kept = np.tile(values == previous[0], runs)
             np.testing.assert_array_equal(reports[kept], previous[1][kept])
@@ -660,6 +669,6 @@ def test_bad_values_and_memos_are_refused() -> None:
         mech.permanent(np.array([0.5]))
     short: Memo = SimulatedMemo(np.arange(2), seed=1)
     with pytest.raises(ValueError, match="2 rows for 3 values"):
-        mech.encode(np.array([0, 1, 2]), None, short)
+        mech.encode(np.array([0, 1, 2]), None, context=DeviceContext(memo=short))
     np.testing.assert_array_equal(mech.memo_keys(np.array([5, 0, 5])), [5, 0, 5])
     assert mech.encode(np.zeros(0, np.int64)).shape == (0,)

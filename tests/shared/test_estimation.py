@@ -56,13 +56,10 @@ import pytest
 from scipy import stats
 
 from shared.estimates import Estimate, MeanEstimate
-from shared.mechanisms import (
-    MECHANISMS,
-    CategoricalMechanism,
-    NumericMechanism,
-    make_mechanism,
-)
+from shared.mechanisms import MECHANISMS, DeviceContext, make_mechanism
+from shared.mechanisms.categorical import CategoricalMechanism
 from shared.mechanisms.laplace import DiscreteLaplace
+from shared.mechanisms.numeric import NumericMechanism
 from shared.mechanisms.strings import OpenStringMechanism
 from shared.schemas import MEMOIZED_MECHANISMS, MechanismSpec
 
@@ -840,7 +837,9 @@ def string_runs(case: StringCase) -> StringRuns:
         truth[j] = hits.sum(axis=0)
     secrets = rng.integers(0, 256, (STRING_RUNS * STRING_USERS, 16), dtype=np.uint8)
     reports = mech.encode(
-        np.tile(values, STRING_RUNS), np.tile(cohorts, STRING_RUNS), secrets, rng=rng
+        np.tile(values, STRING_RUNS),
+        rng=rng,
+        context=DeviceContext(secrets=secrets, cohorts=np.tile(cohorts, STRING_RUNS)),
     )
     estimates = [
         mech.bloom_counts(mech.aggregate(reports[r * STRING_USERS : (r + 1) * STRING_USERS]))

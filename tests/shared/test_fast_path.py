@@ -31,8 +31,10 @@ import zlib
 import numpy as np
 import pytest
 
-from shared.mechanisms import CategoricalMechanism, NumericMechanism, make_mechanism
+from shared.mechanisms import make_mechanism
 from shared.mechanisms.base import IndexReports
+from shared.mechanisms.categorical import CategoricalMechanism
+from shared.mechanisms.numeric import NumericMechanism
 from shared.schemas import MechanismSpec
 from shared.statistics import MomentStatistics
 

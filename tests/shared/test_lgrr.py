@@ -39,6 +39,7 @@ import pytest
 from pydantic import ValidationError
 from scipy import stats
 
+from shared.mechanisms import DeviceContext, as_memoized
 from shared.mechanisms.grr import GeneralizedRandomizedResponse
 from shared.mechanisms.lgrr import PERMANENT_PURPOSE, LongitudinalGRR
 from shared.memo import FreshMemo, KeyedMemo, Memo, SimulatedMemo, memo_scope
@@ -285,7 +286,7 @@ def test_encode_follows_the_transition_matrix(memoized: bool) -> None:
     values = block_values(d, PER_VALUE)
     rng = rng_for(f"encode-{memoized}")
     memo = SimulatedMemo(np.arange(values.size), seed=5) if memoized else None
-    reports = mech.encode(values, rng, memo)
+    reports = mech.encode(values, rng, context=DeviceContext(memo=memo))
     assert_rows_fit(reports, d, mech.transition_matrix(), ALPHA)
 
 
@@ -317,7 +318,7 @@ def test_report_given_its_permanent_response_is_the_instantaneous_grr() -> None:
     values = np.ones(200_000, dtype=np.int64)
     memo = SimulatedMemo(np.arange(values.size), seed=21)
     permanent = mech.permanent(values, memo)
-    reports = mech.encode(values, rng_for("joint"), memo)
+    reports = mech.encode(values, rng_for("joint"), context=DeviceContext(memo=memo))
     p2, q2 = mech.instantaneous_probabilities
     instantaneous = np.where(np.eye(d, dtype=bool), p2, q2)
     expected = mech.permanent_matrix()[1][:, None] * instantaneous * values.size
@@ -421,7 +422,7 @@ def test_memoization_stops_reports_from_averaging_to_the_value() -> None:
         counts = np.bincount(rows * d + reports, minlength=devices * d).reshape(devices, d)
         return np.asarray(counts.argmax(axis=1))
 
-    memoized = modes(mech.encode(values[rows], rng, memo))
+    memoized = modes(mech.encode(values[rows], rng, context=DeviceContext(memo=memo)))
     permanent = mech.permanent(values, SimulatedMemo(np.arange(devices), seed=17))
     assert np.array_equal(memoized, permanent)
     low = stats.binom.ppf(ALPHA / 4, devices, mech.permanent_probabilities[0])
@@ -487,7 +488,9 @@ def test_estimates_per_period_are_unbiased_with_grrs_variance_at_epsilon_report(
     for period in range(periods):
         values = np.where(np.arange(devices) % 5 < period, (base + 1) % d, base)
         population = np.tile(values, runs)
-        reports = mech.encode(population, rng, memo).reshape(runs, devices)
+        reports = mech.encode(population, rng, context=DeviceContext(memo=memo)).reshape(
+            runs, devices
+        )
         counts = np.stack([np.bincount(row, minlength=d) for row in reports])
         frequencies = np.stack(
             [mech.estimate(CountStatistics(devices, c)).frequencies for c in counts]
@@ -520,7 +523,9 @@ def test_both_paths_draw_the_one_report_statistics(path: str, scale: int) -> Non
         counts = np.stack([mech.simulate_statistics(users, rng).counts for _ in range(runs)])
     else:
         values = np.tile(np.repeat(np.arange(d), users), runs)
-        reports = mech.encode(values, rng, SimulatedMemo(np.arange(values.size), seed=8))
+        reports = mech.encode(
+            values, rng, context=DeviceContext(memo=SimulatedMemo(np.arange(values.size), seed=8))
+        )
         run = np.repeat(np.arange(runs), n)
         counts = np.bincount(run * d + reports, minlength=runs * d).reshape(runs, d)
     assert np.all(counts.sum(axis=1) == n)
@@ -607,7 +612,9 @@ def test_bad_values_memos_and_specs_are_refused() -> None:
     with pytest.raises(ValueError, match="one-dimensional"):
         mech.permanent(np.zeros((2, 2), dtype=np.int64))
     with pytest.raises(ValueError, match="one per value"):
-        mech.encode(np.array([0, 1, 2]), memo=SimulatedMemo(np.arange(2), seed=1))
+        mech.encode(
+            np.array([0, 1, 2]), context=DeviceContext(memo=SimulatedMemo(np.arange(2), seed=1))
+        )
     with pytest.raises(ValueError, match="one per value"):
         mech.permanent(np.array([0, 1]), KeyedMemo(bytes(32), SCOPE, size=3))
     with pytest.raises(ValueError, match="'lgrr' spec"):
@@ -616,9 +623,11 @@ def test_bad_values_memos_and_specs_are_refused() -> None:
 
 def test_it_is_a_memoized_mechanism_with_its_spec_epsilons() -> None:
     mech = lgrr(2.0, 0.7, 4)
-    assert mech.memoized and mech.kind == "categorical" and mech.name == "lgrr"
+    assert as_memoized(mech) is not None and mech.kind == "categorical" and mech.name == "lgrr"
     assert (mech.epsilon_lifetime, mech.epsilon_report) == (2.0, 0.7)
     assert mech.payload_fields == frozenset({"value"})
     # One device's report on the device: its keyed memo, the OS CSPRNG.
-    reports = mech.encode(np.array([3]), memo=KeyedMemo(bytes(range(32)), SCOPE))
+    reports = mech.encode(
+        np.array([3]), context=DeviceContext(memo=KeyedMemo(bytes(range(32)), SCOPE))
+    )
     assert reports.shape == (1,) and 0 <= int(reports[0]) < 4

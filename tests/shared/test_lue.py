@@ -29,7 +29,7 @@ import pytest
 from pydantic import ValidationError
 from scipy import stats
 
-from shared.mechanisms import lue
+from shared.mechanisms import DeviceContext, lue
 from shared.mechanisms.lue import (
     LongitudinalOSUE,
     LongitudinalOUE,
@@ -276,7 +276,9 @@ def test_reports_follow_the_transition_matrix(
     label = f"reports-{name}-{epsilon}-{memo_kind}"
     memo = SimulatedMemo(np.arange(SAMPLES), seed=zlib.crc32(label.encode()))
     reports = mech.encode(
-        np.full(SAMPLES, value), rng=seeded(label), memo=None if memo_kind == "none" else memo
+        np.full(SAMPLES, value),
+        rng=seeded(label),
+        context=DeviceContext(memo=None if memo_kind == "none" else memo),
     )
     observed = np.bincount(output_index(reports, d), minlength=2**d)
     assert_fits(observed, mech.transition_matrix()[value])
@@ -308,7 +310,9 @@ def test_bits_across_groups_and_padding(d: int, memo_kind: str) -> None:
     value, samples = d - 2, 40_000
     label = f"bits-{d}-{memo_kind}"
     memo = SimulatedMemo(np.arange(samples), seed=5) if memo_kind == "simulated" else None
-    reports = mech.encode(np.full(samples, value), rng=seeded(label), memo=memo)
+    reports = mech.encode(
+        np.full(samples, value), rng=seeded(label), context=DeviceContext(memo=memo)
+    )
     assert reports.shape == (samples, mech.row_bytes)
     mech.check_reports(reports)  # padding bits are 0
     ones = unpack(reports, d).sum(axis=0)
@@ -325,7 +329,9 @@ def test_instantaneous_bits_follow_the_permanent_ones(name: str) -> None:
     values = np.arange(samples) % d
     memo = SimulatedMemo(np.arange(samples), seed=17)
     permanent = unpack(mech.permanent(values, memo), d)
-    reports = unpack(mech.encode(values, rng=seeded(f"inst-{name}"), memo=memo), d)
+    reports = unpack(
+        mech.encode(values, rng=seeded(f"inst-{name}"), context=DeviceContext(memo=memo)), d
+    )
     p2, q2 = (t / N for t in mech.instantaneous_thresholds)
     for state, probability in ((1, p2), (0, q2)):
         given = permanent == state
@@ -437,7 +443,10 @@ def test_memoization_stops_the_averaging_leak() -> None:
     memo = SimulatedMemo(np.full(periods, device), seed=11)  # that device, every period
     z = float(stats.norm.isf(ALPHA / (2 * 2 * d)))
 
-    memoized = unpack(mech.encode(np.full(periods, value), rng=seeded("leak"), memo=memo), d)
+    memoized = unpack(
+        mech.encode(np.full(periods, value), rng=seeded("leak"), context=DeviceContext(memo=memo)),
+        d,
+    )
     p2, q2 = (t / N for t in mech.instantaneous_thresholds)
     debiased = (memoized.mean(axis=0) - q2) / (p2 - q2)
     spread = np.sqrt(np.where(permanent == 1, p2 * (1 - p2), q2 * (1 - q2)) / periods) / (p2 - q2)
@@ -521,7 +530,7 @@ def test_each_period_is_unbiased_with_the_formula_variance(name: str, memo_kind:
     memo = SimulatedMemo(np.arange(runs * n), seed=23) if memo_kind == "simulated" else None
     for period in range(periods):
         counts = np.bincount(population, minlength=d)
-        reports = mech.encode(np.tile(population, runs), rng=rng, memo=memo)
+        reports = mech.encode(np.tile(population, runs), rng=rng, context=DeviceContext(memo=memo))
         estimates = np.array(
             [
                 mech.estimate(mech.aggregate(reports[r * n : (r + 1) * n])).frequencies
@@ -558,7 +567,9 @@ def test_large_batches_encode_in_bounded_memory() -> None:
     for memo in (None, SimulatedMemo(np.arange(values.size), seed=2)):
         tracemalloc.start()
         try:
-            reports = mech.encode(values, rng=seeded("memory-encode"), memo=memo)
+            reports = mech.encode(
+                values, rng=seeded("memory-encode"), context=DeviceContext(memo=memo)
+            )
             _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
@@ -568,7 +579,7 @@ def test_large_batches_encode_in_bounded_memory() -> None:
 
 def test_one_device_report_on_the_secure_default() -> None:
     mech = build("lsue", 2.0, 1.0, 300)
-    report = mech.encode(np.array([299]), memo=KeyedMemo(bytes(32), SCOPE))
+    report = mech.encode(np.array([299]), context=DeviceContext(memo=KeyedMemo(bytes(32), SCOPE)))
     assert report.shape == (1, 38)
     mech.check_reports(report)
     assert mech.memo_keys(np.array([299, 4])).tolist() == [299, 4]
@@ -623,7 +634,7 @@ def test_bad_input_is_refused() -> None:
     with pytest.raises(ValueError, match="outside the domain"):
         mech.encode(np.array([0, 4]))
     with pytest.raises(ValueError, match="2 rows for 3 values"):
-        mech.encode(np.array([0, 1, 2]), memo=SimulatedMemo([1, 2], seed=0))
+        mech.encode(np.array([0, 1, 2]), context=DeviceContext(memo=SimulatedMemo([1, 2], seed=0)))
     with pytest.raises(TypeError, match="Generator"):
         mech.encode(np.array([0]), rng=np.random.RandomState(0))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="'lsue' spec"):

@@ -40,9 +40,9 @@ import pytest
 from scipy import stats
 
 from shared.estimates import MeanEstimate
-from shared.mechanisms import NumericMechanism, make_mechanism
+from shared.mechanisms import make_mechanism
 from shared.mechanisms.laplace import DiscreteLaplace
-from shared.mechanisms.numeric import NoiseVariance
+from shared.mechanisms.numeric import NoiseVariance, NumericMechanism
 from shared.mechanisms.piecewise import PiecewiseMechanism
 from shared.schemas import MechanismSpec
 from shared.statistics import MomentStatistics

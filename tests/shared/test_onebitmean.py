@@ -43,10 +43,11 @@ import pytest
 from pydantic import ValidationError
 from scipy import stats
 
+from shared.mechanisms import DeviceContext
 from shared.mechanisms.duchi import DuchiMean
-from shared.mechanisms.onebitmean import DEFAULT_GRID_STEPS, OneBitMean
+from shared.mechanisms.onebitmean import DEFAULT_GRID_STEPS, OneBitMean, onebitmean_epsilon_report
 from shared.memo import KeyedMemo, SimulatedMemo, memo_scope
-from shared.schemas import MechanismSpec, onebitmean_epsilon_report
+from shared.schemas import MechanismSpec
 
 N = 2**53
 ALPHA = 1e-6
@@ -289,7 +290,9 @@ def test_reports_follow_the_transition_matrix(
     row = mech.transition_matrix(np.array([value]))[0]
     label = f"reports-{epsilon}-{flip}-{fraction}-{memo is None}"
     reports = mech.encode(
-        np.full(SAMPLES, value), rng=rng_for(label), memo=None if memo is None else memo(SAMPLES)
+        np.full(SAMPLES, value),
+        rng=rng_for(label),
+        context=DeviceContext(memo=None if memo is None else memo(SAMPLES)),
     )
     assert reports.dtype == np.int8
     assert_fits(np.bincount(reports, minlength=2), row)
@@ -374,7 +377,9 @@ def test_keyed_memo_is_stable_across_restarts() -> None:
     for _ in range(3):
         assert np.array_equal(mech.memo_keys(values, KeyedMemo(SECRET, SCOPE, size)), keys)
         assert np.array_equal(mech.permanent(values, KeyedMemo(SECRET, SCOPE, size)), bits)
-        assert np.array_equal(mech.encode(values, memo=KeyedMemo(SECRET, SCOPE, size)), bits)
+        assert np.array_equal(
+            mech.encode(values, context=DeviceContext(memo=KeyedMemo(SECRET, SCOPE, size))), bits
+        )
     order = np.argsort(values)
     assert np.all(np.diff(keys[order]) >= 0)
     shuffled = rng_for("shuffle").permutation(size)
@@ -434,7 +439,11 @@ def test_a_constant_value_keeps_one_memo_key_for_a_year() -> None:
     wandering = rng_for("wander").uniform(3.0, 4.0, 365)
     daily = mech.memo_keys(wandering, KeyedMemo(SECRET, SCOPE, wandering.size))
     assert set(daily.tolist()) <= {3, 4}
-    reports = mech.encode(wandering, rng_for("year"), KeyedMemo(SECRET, SCOPE, wandering.size))
+    reports = mech.encode(
+        wandering,
+        rng_for("year"),
+        context=DeviceContext(memo=KeyedMemo(SECRET, SCOPE, wandering.size)),
+    )
     for key in np.unique(daily):
         assert np.unique(reports[daily == key]).size == 1
 
@@ -452,7 +461,7 @@ def test_a_devices_reports_average_to_its_memoized_bit_not_its_value(device: int
     memo = SimulatedMemo(np.full(periods, device), seed=21)
     bit = int(mech.permanent(values[:1], SimulatedMemo([device], seed=21))[0])
     flip = mech.flip_threshold / N
-    reports = mech.encode(values, rng_for(f"leak-{device}"), memo)
+    reports = mech.encode(values, rng_for(f"leak-{device}"), context=DeviceContext(memo=memo))
     mean = float(mech.debias(reports).mean())
     low = float(mech.lowest_report)
     width = UPPER - LOWER
@@ -552,7 +561,11 @@ def test_periods_are_unbiased_with_devices_memoized_across_them(flip: float | No
         batch = np.tile(period_values, runs)
         for memoized in (True, False):
             memo = SimulatedMemo(devices, seed=33) if memoized else None
-            reports = mech.encode(batch, rng_for(f"period-{flip}-{period}-{memoized}"), memo)
+            reports = mech.encode(
+                batch,
+                rng_for(f"period-{flip}-{period}-{memoized}"),
+                context=DeviceContext(memo=memo),
+            )
             estimates[memoized].append(
                 np.array(
                     [
@@ -610,7 +623,9 @@ def test_intervals_cover_through_memoized_encode() -> None:
     values = np.repeat(COVERAGE_LEVELS, np.round(COVERAGE_SHARES * n).astype(np.int64))
     truth = float(np.clip(values, 0.0, 10.0).mean())
     memo = SimulatedMemo(np.arange(runs * n), seed=41)
-    reports = mech.encode(np.tile(values, runs), rng_for("encode-coverage"), memo)
+    reports = mech.encode(
+        np.tile(values, runs), rng_for("encode-coverage"), context=DeviceContext(memo=memo)
+    )
     covered = 0
     for r in range(runs):
         low, high = mech.estimate(mech.aggregate(reports[r * n : (r + 1) * n])).ci(0.95)
@@ -659,7 +674,9 @@ def test_bad_reports_and_values_are_refused() -> None:
     with pytest.raises(ValueError, match="one-dimensional"):
         mech.encode(np.zeros((2, 2)))
     with pytest.raises(ValueError, match="the memo has 3 rows for 2 values"):
-        mech.encode(np.array([1.0, 2.0]), memo=SimulatedMemo(np.arange(3), seed=1))
+        mech.encode(
+            np.array([1.0, 2.0]), context=DeviceContext(memo=SimulatedMemo(np.arange(3), seed=1))
+        )
     with pytest.raises(TypeError, match="not one 53-bit threshold"):
         mech.plus_thresholds(np.array([1.0]))
     with pytest.raises(ValueError, match="needs a 'onebitmean' spec"):
@@ -695,7 +712,7 @@ def test_spec_fills_in_epsilon_report_and_defaults() -> None:
         ({"flip_probability": -0.1}, "flip_probability"),
         ({"flip_probability": 0.49999999}, "flip_probability"),
         ({"grid_steps": 0}, "grid_steps"),
-        ({"upper": None}, "lower"),
+        ({"upper": None}, "upper"),
         ({"domain_size": 4}, "domain_size"),
         ({"bits_per_device": 2}, "bits_per_device"),
     ],
@@ -707,5 +724,5 @@ def test_spec_errors_name_the_field(fields: dict[str, Any], field: str) -> None:
 
 
 def test_flip_probability_belongs_to_onebitmean() -> None:
-    with pytest.raises(ValidationError, match="flip_probability applies only"):
+    with pytest.raises(ValidationError, match="flip_probability does not apply"):
         MechanismSpec(mechanism="duchi", epsilon=1.0, lower=0.0, upper=1.0, flip_probability=0.1)

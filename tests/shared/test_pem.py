@@ -49,7 +49,7 @@ import pytest
 from scipy import stats
 
 from shared.estimates import HeavyHitters
-from shared.mechanisms import pem
+from shared.mechanisms import DeviceContext, as_discovery, pem
 from shared.mechanisms.pem import (
     MAX_CELLS,
     MAX_HEAVY_HITTERS,
@@ -178,7 +178,7 @@ def test_parameters_follow_the_rule_and_bound_the_statistics(
     assert mech.cells == mech.groups * mech.seeds * mech.buckets <= MAX_CELLS
     assert mech.groups * mech.seeds <= 1 << 16
     assert mech.empty_statistics().length == mech.cells
-    assert mech.discovers and mech.kind == "string" and mech.name == "pem"
+    assert as_discovery(mech) is not None and mech.kind == "string" and mech.name == "pem"
 
 
 @pytest.mark.parametrize("buckets", [2, 3, 56, 1000, 65536])
@@ -426,13 +426,21 @@ def test_a_devices_group_is_permanent() -> None:
     mech = build(2.0, 8)
     scope = memo_scope("app.words", 1)
     secrets = [hashlib.sha256(b"device %d" % i).digest() for i in range(3000)]
-    first = mech.encode(["alpha"] * 3000, memo=KeyedMemo(secrets, scope))[:, 0]
-    again = mech.encode(["beta"] * 3000, memo=KeyedMemo(secrets, scope))[:, 0]
+    first = mech.encode(["alpha"] * 3000, context=DeviceContext(memo=KeyedMemo(secrets, scope)))[
+        :, 0
+    ]
+    again = mech.encode(["beta"] * 3000, context=DeviceContext(memo=KeyedMemo(secrets, scope)))[
+        :, 0
+    ]
     np.testing.assert_array_equal(first, again)
     assert stats.chisquare(np.bincount(first, minlength=mech.groups)).pvalue > ALPHA
     devices = np.arange(500)
     simulated = [
-        mech.encode(["x", "yy"] * 250, np.random.default_rng(i), SimulatedMemo(devices, 9))[:, 0]
+        mech.encode(
+            ["x", "yy"] * 250,
+            np.random.default_rng(i),
+            context=DeviceContext(memo=SimulatedMemo(devices, 9)),
+        )[:, 0]
         for i in range(2)
     ]
     np.testing.assert_array_equal(simulated[0], simulated[1])

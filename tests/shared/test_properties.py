@@ -32,10 +32,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.mechanisms import MECHANISMS, Mechanism, make_mechanism
+from shared.mechanisms import MECHANISMS, DeviceContext, Mechanism, make_mechanism
+from shared.mechanisms.memoized import ChainedSpec
+from shared.mechanisms.spec import spec_models
 from shared.schemas import (
     CATEGORICAL_MECHANISMS,
-    CHAINED_MECHANISMS,
     NUMERIC_MECHANISMS,
     STRING_MECHANISMS,
     MechanismSpec,
@@ -88,9 +89,13 @@ MOMENT_RTOL = 1e-12
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
+CHAINED_MECHANISMS = frozenset(
+    name for name, model in spec_models().items() if issubclass(model, ChainedSpec)
+)
+
 
 @functools.cache
-def build(name: str, epsilon: float, domain_size: int) -> Mechanism[Any, Any]:
+def build(name: str, epsilon: float, domain_size: int) -> Mechanism[Any]:
     """The mechanism ``name`` at ``epsilon``, over 0..domain_size-1 or [LOWER, UPPER].
 
     A string mechanism ignores ``epsilon`` (its parameters imply it) and takes
@@ -117,7 +122,7 @@ def build(name: str, epsilon: float, domain_size: int) -> Mechanism[Any, Any]:
 
 
 @st.composite
-def mechanisms(draw: st.DrawFn, name: str) -> Mechanism[Any, Any]:
+def mechanisms(draw: st.DrawFn, name: str) -> Mechanism[Any]:
     epsilon = draw(st.sampled_from(EPSILONS))
     if name in STRING_MECHANISMS:
         return build(name, epsilon, draw(st.integers(0, len(STRING_CONFIGS) - 1)))
@@ -126,7 +131,7 @@ def mechanisms(draw: st.DrawFn, name: str) -> Mechanism[Any, Any]:
 
 
 def values_for(
-    mech: Mechanism[Any, Any], min_size: int = 0, max_size: int = MAX_BATCH
+    mech: Mechanism[Any], min_size: int = 0, max_size: int = MAX_BATCH
 ) -> st.SearchStrategy[np.ndarray]:
     """Valid inputs: categories 0..d-1, reals in and beyond [LOWER, UPPER] (clipped), or
     strings (repeated ones, the empty one, non-ASCII ones)."""
@@ -149,7 +154,7 @@ def values_for(
     )
 
 
-def encode_with(mech: Mechanism[Any, Any], values: np.ndarray, rng: Any, seed: int = 0) -> Any:
+def encode_with(mech: Mechanism[Any], values: np.ndarray, rng: Any, seed: int = 0) -> Any:
     """``mech.encode(values, rng=rng)``; for a string mechanism, values become strings and
     each gets a cohort and one of ``SECRETS``, drawn from ``seed`` (not from ``rng``)."""
     if mech.spec.kind != "string":
@@ -164,10 +169,10 @@ def encode_with(mech: Mechanism[Any, Any], values: np.ndarray, rng: Any, seed: i
     assert mech.spec.num_cohorts is not None
     cohorts = picks.integers(0, mech.spec.num_cohorts, count)
     secrets = [SECRETS[i] for i in picks.integers(0, len(SECRETS), count)]
-    return mech.encode(strings, cohorts, secrets, rng=rng)  # type: ignore[call-arg]
+    return mech.encode(strings, rng=rng, context=DeviceContext(secrets=secrets, cohorts=cohorts))  # type: ignore[call-arg]
 
 
-def encode(mech: Mechanism[Any, Any], values: np.ndarray, seed: int) -> np.ndarray:
+def encode(mech: Mechanism[Any], values: np.ndarray, seed: int) -> np.ndarray:
     return encode_with(mech, values, np.random.default_rng(seed), seed)  # type: ignore[no-any-return]
 
 
@@ -356,10 +361,10 @@ def smallest_prime_at_least(n: int) -> int:
     return candidate
 
 
-def out_of_range_updates(mech: Mechanism[Any, Any]) -> list[dict[str, Any]]:
+def out_of_range_updates(mech: Mechanism[Any]) -> list[dict[str, Any]]:
     """Field values of the right type that lie outside the mechanism's report space."""
     name, eps = mech.name, mech.epsilon
-    d = mech.spec.domain_size or 0
+    d = getattr(mech.spec, "domain_size", 0)
     if name in ("grr", "lgrr"):
         return [{"value": d}, {"value": -1}, {"value": 2**40}]
     if name == "hr":
@@ -466,7 +471,7 @@ def out_of_range_updates(mech: Mechanism[Any, Any]) -> list[dict[str, Any]]:
     raise AssertionError(f"add out-of-range payloads for the new mechanism {name!r}")
 
 
-def malformed_payloads(mech: Mechanism[Any, Any], valid: dict[str, Any]) -> list[Any]:
+def malformed_payloads(mech: Mechanism[Any], valid: dict[str, Any]) -> list[Any]:
     """Every way to spoil one valid payload: missing field, wrong type, bool, range."""
     spoiled: list[Any] = [None, [], "payload", 7]
     for field, value in valid.items():

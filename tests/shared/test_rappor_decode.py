@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from shared.mechanisms import make_mechanism
+from shared.mechanisms import DeviceContext, make_mechanism
 from shared.mechanisms.rappor import Rappor, RapporEstimate
 from shared.mechanisms.rappor_decode import _nnls_exact, nonnegative_qp
 from shared.schemas import MechanismSpec
@@ -156,7 +156,7 @@ def test_recovers_the_distribution_through_the_device_path() -> None:
     secrets = rng.integers(0, 256, (devices, 32), dtype=np.uint8)
     cohorts = np.array([mech.assign_cohort(row.tobytes()) for row in secrets[:2000]])
     cohorts = np.tile(cohorts, devices // 2000)
-    reports = mech.encode(values, cohorts, secrets, rng=rng)
+    reports = mech.encode(values, rng=rng, context=DeviceContext(secrets=secrets, cohorts=cohorts))
     est = mech.estimate(
         mech.aggregate(reports),
         candidates=list(TRUE + DECOYS),
@@ -456,7 +456,11 @@ def test_reports_from_a_single_cohort_decode_without_error() -> None:
     candidates = ["example.com", "example.org", "example.net", "news.example", "mail.example"]
     bits = mech.candidate_bits(candidates)
     n = len(secrets)
-    reports = mech.encode(["example.net"] * n, np.full(n, cohort), secrets, rng=rng)
+    reports = mech.encode(
+        ["example.net"] * n,
+        rng=rng,
+        context=DeviceContext(secrets=secrets, cohorts=np.full(n, cohort)),
+    )
     est = mech.estimate(mech.aggregate(reports), candidates=candidates, correction="bonferroni")
     assert np.all(np.isfinite(est.frequencies)) and np.all(est.frequencies >= 0)
     assert est.frequencies.sum() <= 1 + 1e-9

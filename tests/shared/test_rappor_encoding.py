@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from shared.mechanisms import make_mechanism
+from shared.mechanisms import DeviceContext, make_mechanism
 from shared.mechanisms.rappor import (
     Rappor,
     from_integers,
@@ -141,7 +141,9 @@ def test_from_integers_refuses_integers_too_wide() -> None:
 def test_report_layout_and_payload(k: int) -> None:
     mech = rappor(k, 2, 4)
     reports = mech.encode(
-        ["a", "b", "a"], [0, 3, 2], Rappor.new_secret(), rng=np.random.default_rng(3)
+        ["a", "b", "a"],
+        rng=np.random.default_rng(3),
+        context=DeviceContext(secrets=Rappor.new_secret(), cohorts=[0, 3, 2]),
     )
     assert reports.dtype == mech.report_dtype and reports.shape == (3,)
     assert reports["cohort"].tolist() == [0, 3, 2]
@@ -165,8 +167,14 @@ def test_same_secret_and_value_give_the_same_prr() -> None:
     value by one device are identical across calls and generators (and the OS CSPRNG)."""
     mech = rappor(64, 2, 8, f=0.5, p=0.0, q=1.0)
     secret = b"device secret 0123456789"
-    first = mech.encode(["home.example"] * 5, [3] * 5, secret, rng=np.random.default_rng(1))
-    again = mech.encode(["home.example"], [3], secret, rng=None)
+    first = mech.encode(
+        ["home.example"] * 5,
+        rng=np.random.default_rng(1),
+        context=DeviceContext(secrets=secret, cohorts=[3] * 5),
+    )
+    again = mech.encode(
+        ["home.example"], rng=None, context=DeviceContext(secrets=secret, cohorts=[3])
+    )
     assert (first["bits"] == first["bits"][0]).all()
     np.testing.assert_array_equal(again["bits"][0], first["bits"][0])
     prr = mech.permanent_response(mech.bloom_packed(["home.example"], [3]), secret)
@@ -181,7 +189,11 @@ def test_prr_depends_only_on_secret_and_bloom_filter() -> None:
     values = [f"s{i}" for i in range(40)]
     bits = mech.bloom_bit_indices(values, [0] * 40)[:, 0]
     first, second = (values[i] for i in np.flatnonzero(bits == bits[0])[:2])
-    reports = mech.encode([first, second], [0, 0], b"s" * 16, rng=np.random.default_rng(0))
+    reports = mech.encode(
+        [first, second],
+        rng=np.random.default_rng(0),
+        context=DeviceContext(secrets=b"s" * 16, cohorts=[0, 0]),
+    )
     assert first != second
     np.testing.assert_array_equal(reports["bits"][0], reports["bits"][1])
 
@@ -249,7 +261,9 @@ def test_irr_is_fresh_with_probabilities_q_and_p() -> None:
     mech = rappor(k, 3, 2, f=0.5, p=0.3, q=0.8)
     secret = b"a fixed device secret"
     reports = mech.encode(
-        ["x"] * reports_count, [1] * reports_count, secret, rng=np.random.default_rng(9)
+        ["x"] * reports_count,
+        rng=np.random.default_rng(9),
+        context=DeviceContext(secrets=secret, cohorts=[1] * reports_count),
     )
     prr = unpack_little(mech.permanent_response(mech.bloom_packed(["x"], [1]), secret), k)[0]
     assert 0 < prr.sum() < k
@@ -277,9 +291,8 @@ def test_reports_of_fresh_devices_follow_the_transition_matrix(
     probabilities = mech.transition_matrix()[row]
     reports = mech.encode(
         [value] * devices,
-        [cohort] * devices,
-        secrets_for(devices, 17),
         rng=np.random.default_rng(2),
+        context=DeviceContext(secrets=secrets_for(devices, 17), cohorts=[cohort] * devices),
     )
     observed = np.bincount(to_integers(reports["bits"]).astype(np.int64), minlength=2**k)
     assert probabilities.min() * devices >= 100  # chi-square approximation accurate
@@ -325,7 +338,11 @@ def test_encode_refuses_bad_inputs_saying_why(
 ) -> None:
     mech = rappor(16, 2, 4)
     with pytest.raises(ValueError) as info:
-        mech.encode(values, cohorts, secrets, rng=np.random.default_rng(0))
+        mech.encode(
+            values,
+            rng=np.random.default_rng(0),
+            context=DeviceContext(secrets=secrets, cohorts=cohorts),
+        )
     assert message in str(info.value), str(info.value)
 
 
@@ -335,7 +352,9 @@ def test_aggregate_equals_a_naive_count(k: int, m: int) -> None:
     rng = np.random.default_rng(k)
     n = 3000
     reports = mech.encode(
-        [f"v{i}" for i in rng.integers(0, 30, n)], rng.integers(0, m, n), secrets_for(n, 1), rng=rng
+        [f"v{i}" for i in rng.integers(0, 30, n)],
+        rng=rng,
+        context=DeviceContext(secrets=secrets_for(n, 1), cohorts=rng.integers(0, m, n)),
     )
     table = mech.aggregate(reports).counts.reshape(m, k + 1)
     bits = unpack_little(reports["bits"], k)
@@ -358,7 +377,11 @@ def test_statistics_that_no_reports_produce_are_refused() -> None:
 
 def test_reports_with_padding_bits_or_wrong_dtype_are_refused() -> None:
     mech = rappor(12, 2, 2)
-    reports = mech.encode(["a", "b"], [0, 1], b"x" * 16, rng=np.random.default_rng(0))
+    reports = mech.encode(
+        ["a", "b"],
+        rng=np.random.default_rng(0),
+        context=DeviceContext(secrets=b"x" * 16, cohorts=[0, 1]),
+    )
     spoiled = reports.copy()
     spoiled["bits"][1, 1] |= 0x10  # bit 12: padding
     with pytest.raises(ValueError, match="report 1"):

@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 
 from shared.mechanisms import make_mechanism
-from shared.mechanisms.rappor import Rappor
-from shared.schemas import MechanismSpec, rappor_epsilon_infinity, rappor_epsilon_one
+from shared.mechanisms.rappor import Rappor, rappor_epsilon_infinity, rappor_epsilon_one
+from shared.schemas import MechanismSpec
 
 #: Relative slack for float rounding in products of a few dozen probabilities (~1e-14).
 RTOL = 1e-12

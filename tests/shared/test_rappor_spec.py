@@ -15,15 +15,10 @@ import pytest
 from pydantic import ValidationError
 
 from shared.mechanisms import make_mechanism
-from shared.mechanisms.rappor import Rappor
-from shared.schemas import (
-    MAX_EPSILON,
-    MAX_NUM_BITS,
-    MAX_NUM_COHORTS,
-    RAPPOR_FIELDS,
-    MechanismSpec,
-    rappor_epsilon_one,
-)
+from shared.mechanisms.rappor import MAX_NUM_BITS, MAX_NUM_COHORTS, Rappor, rappor_epsilon_one
+from shared.schemas import MAX_EPSILON, MechanismSpec
+
+RAPPOR_FIELDS = ("num_bits", "num_hashes", "num_cohorts", "f", "p", "q")
 
 CHROME: dict[str, Any] = {
     "mechanism": "rappor",

@@ -13,16 +13,15 @@ import pytest
 from pydantic import ValidationError
 
 from shared.mechanisms import MECHANISMS, make_mechanism
+from shared.mechanisms.memoized import ChainedSpec
+from shared.mechanisms.spec import MAX_GRID_STEPS, spec_models
 from shared.schemas import (
     CATEGORICAL_MECHANISMS,
-    CHAINED_MECHANISMS,
     MAX_DOMAIN_SIZE,
     MAX_EPSILON,
-    MAX_GRID_STEPS,
     MEMOIZED_MECHANISMS,
     MIN_EPSILON,
     NUMERIC_MECHANISMS,
-    RAPPOR_FIELDS,
     STRING_MECHANISMS,
     MechanismSpec,
 )
@@ -33,6 +32,11 @@ NUMERIC = sorted(NUMERIC_MECHANISMS)
 STRING = sorted(STRING_MECHANISMS)
 #: The concrete frequency oracles ``auto`` chooses among.
 AUTO_CANDIDATES = ("grr", "sue", "oue", "olh", "hr")
+
+RAPPOR_FIELDS = ("num_bits", "num_hashes", "num_cohorts", "f", "p", "q")
+CHAINED_MECHANISMS = frozenset(
+    name for name, model in spec_models().items() if issubclass(model, ChainedSpec)
+)
 
 
 def valid_fields(name: str) -> dict[str, Any]:

@@ -21,7 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from shared.mechanisms import Rappor, make_mechanism
+from shared.mechanisms import make_mechanism
+from shared.mechanisms.rappor import Rappor
 from shared.schemas import MechanismSpec
 from shared.statistics import CountStatistics
 
@@ -36,9 +37,7 @@ def count_vectors(draw: st.DrawFn, length: int | None = None) -> np.ndarray:
     """Non-negative int64 vectors, mostly zeros or mostly nonzero."""
     size = draw(st.integers(0, 300)) if length is None else length
     density = draw(st.sampled_from([0.0, 0.02, 0.3, 1.0]))
-    values = draw(
-        hnp.arrays(np.int64, size, elements=st.integers(1, 2**40), fill=st.just(1))
-    )
+    values = draw(hnp.arrays(np.int64, size, elements=st.integers(1, 2**40), fill=st.just(1)))
     keep = draw(hnp.arrays(np.float64, size, elements=st.floats(0, 1), fill=st.just(0.5)))
     return np.where(keep < density, values, 0)
 

@@ -39,7 +39,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from shared.mechanisms import MECHANISMS, make_mechanism
+from shared.mechanisms import MECHANISMS, DeviceContext, make_mechanism
 from shared.mechanisms.laplace import DiscreteLaplace
 from shared.mechanisms.lgrr import LongitudinalGRR
 from shared.mechanisms.unary import OptimizedUnaryEncoding
@@ -197,7 +197,7 @@ class StatelessLGRR(LongitudinalGRR):
     one report is still epsilon_report-LDP, repeated reports average the noise away."""
 
     def encode(self, values: np.ndarray, rng: Rng = None, memo: Memo | None = None) -> np.ndarray:
-        return super().encode(values, rng, None)
+        return super().encode(values, rng, context=DeviceContext(memo=None))
 
 
 @pytest.mark.parametrize("epsilon", EPSILONS)

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from shared.mechanisms import CategoricalMechanism, NumericMechanism, make_mechanism
+from shared.mechanisms import make_mechanism
+from shared.mechanisms.categorical import CategoricalMechanism
+from shared.mechanisms.numeric import NumericMechanism
 from simulations import longitudinal
 from simulations.cli import main
 from simulations.longitudinal import (
