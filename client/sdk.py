@@ -81,7 +81,6 @@ from shared.hashing import keyed_digest
 from shared.mechanisms import (
     DeviceContext,
     Mechanism,
-    Memoized,
     as_categorical,
     as_memoized,
     as_numeric,
@@ -200,7 +199,7 @@ class TelemetryClient:
             self._ledger.debit(spec.name, spec.mechanism.report_epsilon)
         else:
             key = lifelong.ledger_keys(values, context)[0]
-            self._ledger.debit_memoized(spec.name, digest, key, memoized_cost(lifelong, spec))
+            self._ledger.debit_memoized(spec.name, digest, key, memoized_cost(mechanism))
         self._enqueue(spec, mechanism.to_payloads(reports)[0])
 
     def budget(self) -> BudgetStatus:
@@ -324,18 +323,22 @@ class TelemetryClient:
                 self._saved_offset = offset
 
 
-def memoized_cost(mechanism: Memoized, spec: MetricSpec) -> MemoizedCost:
+def memoized_cost(mechanism: Mechanism[Any]) -> MemoizedCost:
     """What a report of a memoized mechanism costs the ledger: the lifetime epsilon of one
     ledger key and the epsilon of one report (``epsilon`` and ``epsilon_report``; RAPPOR:
     epsilon_infinity and epsilon_one). A mechanism whose lifetime epsilon is unbounded
-    (RAPPOR with f = 0: the permanent response is the Bloom filter itself) is refused."""
-    per_value = mechanism.epsilon_lifetime
+    (RAPPOR with f = 0: the permanent response is the Bloom filter itself) is refused, and
+    so is a mechanism that does not memoize."""
+    lifelong = as_memoized(mechanism)
+    if lifelong is None:
+        raise SpecError(f"{mechanism.name} is not a memoized mechanism")
+    per_value = lifelong.epsilon_lifetime
     if not math.isfinite(per_value):
         raise SpecError(
-            f"{spec.name} ({spec.mechanism.mechanism}): repeated reports of one value have no "
-            "privacy bound (the lifetime epsilon is infinite); refused"
+            f"{mechanism.name}: repeated reports of one value have no privacy bound (the "
+            "lifetime epsilon is infinite); refused"
         )
-    return MemoizedCost(per_value, mechanism.epsilon_report)
+    return MemoizedCost(per_value, lifelong.epsilon_report)
 
 
 def check_limits(spec: MetricSpec, mechanism: Mechanism[Any], limits: BudgetLimits) -> None:
@@ -349,8 +352,8 @@ def check_limits(spec: MetricSpec, mechanism: Mechanism[Any], limits: BudgetLimi
             f"of {limits.max_epsilon_per_report:g}: refused"
         )
     most = per_report
-    if (lifelong := as_memoized(mechanism)) is not None:
-        most = memoized_cost(lifelong, spec).per_value
+    if as_memoized(mechanism) is not None:
+        most = memoized_cost(mechanism).per_value
         if most > limits.max_value_lifetime_epsilon:
             raise SpecError(
                 f"{name} charges epsilon {most:g} for life per value it memoizes, above this "

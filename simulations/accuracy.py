@@ -33,7 +33,14 @@ from typing import Any, Literal
 
 import numpy as np
 
-from shared.mechanisms import CategoricalMechanism, NumericMechanism, make_mechanism
+from shared.mechanisms import (
+    CategoricalValues,
+    Mechanism,
+    NumericValues,
+    as_categorical,
+    as_numeric,
+    make_mechanism,
+)
 from shared.schemas import MechanismSpec
 from shared.statistics import CountStatistics, MomentStatistics
 from simulations.execution import run_units
@@ -65,15 +72,21 @@ class FrequencyCell:
     n: int
     shape: CategoricalShape
 
-    def make(self) -> CategoricalMechanism:
+    def make(self) -> Mechanism[Any]:
         mech = make_mechanism(
             MechanismSpec.model_validate(
                 {"mechanism": self.mechanism, "epsilon": self.epsilon, "domain_size": self.d}
             )
         )
-        if not isinstance(mech, CategoricalMechanism):
-            raise ValueError(f"{self.mechanism!r} is not a categorical mechanism")
+        self.categories(mech)
         return mech
+
+    def categories(self, mech: Mechanism[Any]) -> CategoricalValues:
+        """``mech`` as a frequency oracle, or ValueError."""
+        categories = as_categorical(mech)
+        if categories is None:
+            raise ValueError(f"{self.mechanism!r} is not a categorical mechanism")
+        return categories
 
     def counts(self) -> np.ndarray:
         return self.shape.counts(self.d, self.n)
@@ -88,7 +101,7 @@ class NumericCell:
     lower: float
     upper: float
 
-    def make(self) -> NumericMechanism:
+    def make(self) -> Mechanism[Any]:
         mech = make_mechanism(
             MechanismSpec.model_validate(
                 {
@@ -99,9 +112,15 @@ class NumericCell:
                 }
             )
         )
-        if not isinstance(mech, NumericMechanism):
-            raise ValueError(f"{self.mechanism!r} is not a numeric mechanism")
+        self.numbers(mech)
         return mech
+
+    def numbers(self, mech: Mechanism[Any]) -> NumericValues:
+        """``mech`` as a mean estimator, or ValueError."""
+        numbers = as_numeric(mech)
+        if numbers is None:
+            raise ValueError(f"{self.mechanism!r} is not a numeric mechanism")
+        return numbers
 
 
 Cell = FrequencyCell | NumericCell
@@ -142,9 +161,11 @@ def _chunks(start: int, stop: int, size: int) -> Iterator[tuple[int, int]]:
         yield low, min(stop, low + size)
 
 
-def _report_bytes(mech: Any) -> int:
-    if isinstance(mech, CategoricalMechanism) and mech.name in ("sue", "oue"):
-        return (mech.domain_size + 7) // 8
+def _report_bytes(mech: Mechanism[Any]) -> int:
+    """About how many bytes one encoded report holds (unary encodings: d bits)."""
+    categories = as_categorical(mech)
+    if categories is not None and mech.name in ("sue", "oue"):
+        return (categories.domain_size + 7) // 8
     return 24
 
 
@@ -156,15 +177,13 @@ def compute_statistics(unit: Unit) -> CountStatistics | MomentStatistics:
     if isinstance(cell, FrequencyCell):
         counts = cell.counts()
         if unit.path == "fast":
-            assert isinstance(mech, CategoricalMechanism)
-            return mech.simulate_statistics(counts, rng)
+            return cell.categories(mech).simulate_statistics(counts, rng)
         boundaries = np.cumsum(counts)
         levels = None
     else:
         population = cell.shape.population(cell.lower, cell.upper, cell.n)
         if unit.path == "fast":
-            assert isinstance(mech, NumericMechanism)
-            return mech.simulate_statistics(population.levels, population.counts, rng)
+            return cell.numbers(mech).simulate_statistics(population.levels, population.counts, rng)
         boundaries = np.cumsum(population.counts)
         levels = population.levels
     chunk = max(4096, CHUNK_BYTES // _report_bytes(mech))
@@ -188,7 +207,7 @@ class Outcome:
 
 
 def _frequency_metrics(cell: FrequencyCell, stats: CountStatistics) -> dict[str, float]:
-    mech = cell.make()
+    mech = cell.categories(cell.make())
     truth = cell.counts() / cell.n
     estimate = mech.estimate(stats)
     error = estimate.frequencies - truth
@@ -207,7 +226,7 @@ def _frequency_metrics(cell: FrequencyCell, stats: CountStatistics) -> dict[str,
 
 
 def _numeric_metrics(cell: NumericCell, stats: MomentStatistics) -> dict[str, float]:
-    mech = cell.make()
+    mech = cell.numbers(cell.make())
     population = cell.shape.population(cell.lower, cell.upper, cell.n)
     estimate = mech.estimate(stats)
     error = estimate.mean - population.mean

@@ -50,10 +50,7 @@ import httpx
 import numpy as np
 
 from client import BudgetLimits, TelemetryClient
-from client.sdk import report_epsilon
-from shared.mechanisms import MemoizedMechanism, Rappor, make_mechanism
-from shared.mechanisms.pem import PrefixExtendingMethod
-from shared.mechanisms.strings import OpenStringMechanism
+from shared.mechanisms import DeviceContext, Mechanism, make_mechanism
 from shared.memo import SimulatedMemo
 from shared.randomness import Rng, as_source
 from shared.schemas import MechanismSpec, MetricSpec
@@ -100,7 +97,7 @@ def _values(kind: str, value: Any, count: int) -> np.ndarray:
 class BatchDevices:
     """The mechanism's vectorized ``encode``, many devices per call (module docstring)."""
 
-    def __init__(self, mechanism: Any, rng: Rng = None) -> None:
+    def __init__(self, mechanism: Mechanism[Any], rng: Rng = None) -> None:
         self.mechanism = mechanism
         self.rng = rng
         self._source = as_source(rng)
@@ -110,21 +107,16 @@ class BatchDevices:
     def reports(self, value: Any, devices: int, per_device: int) -> np.ndarray:
         mechanism, count = self.mechanism, devices * per_device
         values = _values(mechanism.spec.kind, value, count)
-        if isinstance(mechanism, Rappor):
-            secrets = self._source.octets(32 * devices).reshape(devices, 32)
-            cohorts = self._source.integers(mechanism.num_cohorts, devices)
-            return mechanism.encode(
-                values,
-                np.repeat(cohorts, per_device),
-                np.repeat(secrets, per_device, axis=0),
-                self.rng,
-            )
-        if isinstance(mechanism, MemoizedMechanism | OpenStringMechanism):
-            ids = np.arange(self._next_device, self._next_device + devices)
-            self._next_device += devices
-            memo = SimulatedMemo(np.repeat(ids, per_device), self._seed)
-            return mechanism.encode(values, self.rng, memo=memo)
-        return mechanism.encode(values, self.rng)
+        if not mechanism.stateful:
+            return mechanism.encode(values, self.rng)
+        ids = np.arange(self._next_device, self._next_device + devices)
+        self._next_device += devices
+        secrets = self._source.octets(32 * devices).reshape(devices, 32)
+        context = DeviceContext(  # each device's memo and secret, for each of its reports
+            memo=SimulatedMemo(np.repeat(ids, per_device), self._seed),
+            secrets=np.repeat(secrets, per_device, axis=0),
+        )
+        return mechanism.encode(values, self.rng, context)
 
 
 class SdkDevices:
@@ -140,9 +132,7 @@ class SdkDevices:
         self._opened = 0
         self._shared: TelemetryClient | None = None
         #: Whether a device keeps state that one report depends on (memo, secret, group).
-        self.stateful = isinstance(
-            self.mechanism, MemoizedMechanism | Rappor | PrefixExtendingMethod
-        )
+        self.stateful = self.mechanism.stateful
 
     def _handle(self, request: httpx.Request) -> httpx.Response:
         if request.method == "GET" and request.url.path == "/v1/metrics":
@@ -155,7 +145,7 @@ class SdkDevices:
 
     def _open(self) -> TelemetryClient:
         self._opened += 1
-        per_report = report_epsilon(self.metric.mechanism)
+        per_report = self.metric.mechanism.report_epsilon
         limits = BudgetLimits(
             per_metric_per_period=math.inf,
             total_per_period=math.inf,

@@ -13,7 +13,7 @@ import argparse
 
 import numpy as np
 
-from shared.mechanisms import make_mechanism
+from shared.mechanisms import as_categorical, as_numeric, make_mechanism
 from shared.schemas import (
     CATEGORICAL_MECHANISMS,
     MEMOIZED_MECHANISMS,
@@ -42,9 +42,11 @@ def categorical_demo(users: int, epsilon: float, rng: np.random.Generator) -> No
             {"mechanism": name, "epsilon": epsilon, "domain_size": len(BROWSERS)}
         )
         mechanism = make_mechanism(spec)
+        categories = as_categorical(mechanism)
+        assert categories is not None  # a categorical spec
         estimates[name] = (
             mechanism.name,
-            mechanism.estimate(mechanism.aggregate(mechanism.encode(values, rng))),
+            categories.estimate(mechanism.aggregate(mechanism.encode(values, rng))),
         )
     for index, label in enumerate(BROWSERS):
         cells = "".join(
@@ -69,7 +71,9 @@ def numeric_demo(users: int, epsilon: float, rng: np.random.Generator) -> None:
             {"mechanism": name, "epsilon": epsilon, "lower": lower, "upper": upper}
         )
         mechanism = make_mechanism(spec)
-        est = mechanism.estimate(mechanism.aggregate(mechanism.encode(minutes, rng)))
+        numbers = as_numeric(mechanism)
+        assert numbers is not None  # a numeric spec
+        est = numbers.estimate(mechanism.aggregate(mechanism.encode(minutes, rng)))
         low, high = est.ci(0.95)
         print(f"{name:<11}{truth:>9.3f}{est.mean:>10.3f}   [{low:8.3f}, {high:8.3f}]")
 

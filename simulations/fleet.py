@@ -42,7 +42,7 @@ import numpy as np
 from tqdm import tqdm
 
 from client import BudgetLimits, RetryPolicy, TelemetryClient
-from shared.mechanisms import CategoricalMechanism, NumericMechanism, make_mechanism
+from shared.mechanisms import as_categorical, as_numeric, make_mechanism
 from shared.schemas import (
     NUMERIC_MECHANISMS,
     MechanismSpec,
@@ -71,16 +71,16 @@ NAMED_TICKS = 32
 def fleet_values(spec: MechanismSpec, shape: str | None, devices: int, seed: int) -> np.ndarray:
     """Every device's value, drawn from ``shape`` (categorical default ``zipf:1.1``, numeric
     ``uniform``) and shuffled by ``seed``; ValueError naming a shape that does not fit."""
-    if spec.mechanism in NUMERIC_MECHANISMS:
-        assert spec.lower is not None and spec.upper is not None
+    mech = make_mechanism(spec)
+    if (numbers := as_numeric(mech)) is not None:
         population = parse_numeric_shape(shape or "uniform").population(
-            spec.lower, spec.upper, devices
+            numbers.lower, numbers.upper, devices
         )
         values = np.repeat(population.levels, population.counts)
     else:
-        assert spec.domain_size is not None
-        counts = parse_categorical_shape(shape or "zipf:1.1").counts(spec.domain_size, devices)
-        values = np.repeat(np.arange(spec.domain_size), counts)
+        d = _domain_size(spec)
+        counts = parse_categorical_shape(shape or "zipf:1.1").counts(d, devices)
+        values = np.repeat(np.arange(d), counts)
     np.random.default_rng(seed).shuffle(values)
     return values
 
@@ -89,8 +89,14 @@ def fleet_labels(spec: MechanismSpec, shape: str | None) -> tuple[str, ...] | No
     """The metric's category names (``CategoricalShape.labels``); None for a numeric one."""
     if spec.mechanism in NUMERIC_MECHANISMS:
         return None
-    assert spec.domain_size is not None
-    return parse_categorical_shape(shape or "zipf:1.1").labels(spec.domain_size)
+    return parse_categorical_shape(shape or "zipf:1.1").labels(_domain_size(spec))
+
+
+def _domain_size(spec: MechanismSpec) -> int:
+    """The categories of a categorical fleet metric's spec."""
+    categories = as_categorical(make_mechanism(spec))
+    assert categories is not None  # a fleet metric is categorical or numeric
+    return categories.domain_size
 
 
 def _record_group(
@@ -162,13 +168,13 @@ def comparison_rows(
 def _compare(spec: MechanismSpec, values: np.ndarray, estimate: dict[str, Any]) -> dict[str, float]:
     mech = make_mechanism(spec)
     n = int(estimate["n"])
-    if isinstance(mech, CategoricalMechanism):
-        truth = _true_frequencies(values, mech.domain_size)
+    if (categories := as_categorical(mech)) is not None:
+        truth = _true_frequencies(values, categories.domain_size)
         rows = sorted(estimate["estimates"], key=lambda row: row["index"])
         frequencies = np.array([row["frequency"] for row in rows])
         std = np.array([row["std"] for row in rows])
         error = frequencies - truth
-        p, q = mech.p, mech.q
+        p, q = categories.p, categories.q
         theory = np.mean(q * (1 - q) / (p - q) ** 2 + truth * (1 - p - q) / (p - q)) / n
         return {
             "mse": float(np.mean(error**2)),
@@ -176,7 +182,8 @@ def _compare(spec: MechanismSpec, values: np.ndarray, estimate: dict[str, Any]) 
             "max_error": float(np.max(np.abs(error))),
             "coverage": float(np.mean(np.abs(error) <= Z95 * std)),
         }
-    assert isinstance(mech, NumericMechanism)
+    numbers = as_numeric(mech)
+    assert numbers is not None  # a fleet metric is categorical or numeric
     truth_mean = float(np.mean(values))
     mean_error = float(estimate["mean"]) - truth_mean
     return {
@@ -184,7 +191,7 @@ def _compare(spec: MechanismSpec, values: np.ndarray, estimate: dict[str, Any]) 
         "mean": float(estimate["mean"]),
         "error": mean_error,
         "std": float(estimate["std"]),
-        "variance": float(np.mean(mech.report_variance(values))) / n,
+        "variance": float(np.mean(numbers.report_variance(values))) / n,
         "coverage": float(abs(mean_error) <= Z95 * float(estimate["std"])),
     }
 

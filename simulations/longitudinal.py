@@ -94,8 +94,15 @@ import numpy as np
 from scipy import stats
 
 from shared.estimates import z_value
-from shared.mechanisms import CategoricalMechanism, Mechanism, NumericMechanism, make_mechanism
-from shared.mechanisms.memoized import MemoizedMechanism
+from shared.mechanisms import (
+    CategoricalValues,
+    DeviceContext,
+    Mechanism,
+    as_categorical,
+    as_memoized,
+    as_numeric,
+    make_mechanism,
+)
 from shared.memo import Memo, SimulatedMemo
 from shared.randomness import Rng
 from shared.schemas import MechanismSpec
@@ -230,7 +237,7 @@ def _law(
 
 
 @functools.lru_cache(maxsize=64)
-def _mechanism(spec: MechanismSpec) -> Mechanism[Any, Any]:
+def _mechanism(spec: MechanismSpec) -> Mechanism[Any]:
     """``make_mechanism(spec)``, built once per process: a worker runs many units of one
     spec, and a mechanism keeps nothing between calls but its derived parameters."""
     return make_mechanism(spec)
@@ -268,14 +275,12 @@ def make_specs(
     return specs
 
 
-def encode(mech: Mechanism[Any, Any], values: np.ndarray, rng: Rng, memo: Memo | None) -> Any:
+def encode(mech: Mechanism[Any], values: np.ndarray, rng: Rng, memo: Memo | None) -> Any:
     """``mech``'s reports of ``values``: memoized mechanisms draw their permanent responses
     from ``memo`` (``None``: anew), the others take no memo."""
-    if isinstance(mech, MemoizedMechanism):
-        return mech.encode(values, rng, memo=memo)
-    if memo is not None:
+    if memo is not None and as_memoized(mech) is None:
         raise ValueError(f"{mech.name!r} is not memoized: it takes no memo")
-    return mech.encode(values, rng)
+    return mech.encode(values, rng, DeviceContext(memo=memo))
 
 
 def guess_bound(epsilon: float, values: int) -> float:
@@ -301,7 +306,7 @@ def leak_threshold(bound: float, trials: int, alpha: float = LEAK_ALPHA) -> floa
 
 
 def reidentified(
-    mech: Mechanism[Any, Any],
+    mech: Mechanism[Any],
     values: np.ndarray,
     periods: Sequence[int],
     rng: np.random.Generator,
@@ -319,14 +324,17 @@ def reidentified(
     reports = np.stack([encode(mech, values, rng, memo) for _ in range(horizon)])
     rates = []
     for t in periods:
-        if isinstance(mech, NumericMechanism):
+        if (numbers := as_numeric(mech)) is not None:
             flat = reports[:t].reshape(t * values.size, *reports.shape[2:])
-            means = mech.debias(mech.check_reports(flat)).reshape(t, values.size).mean(axis=0)
-            guesses = np.where(means > mech.centre, mech.upper, mech.lower)
+            means = numbers.debias(mech.check_reports(flat)).reshape(t, values.size).mean(axis=0)
+            centre = (numbers.lower + numbers.upper) / 2
+            guesses = np.where(means > centre, numbers.upper, numbers.lower)
         else:
+            categories = as_categorical(mech)
+            assert categories is not None  # the longitudinal mechanisms: categories or numbers
             guesses = np.array(
                 [
-                    int(np.argmax(mech.estimate(mech.aggregate(reports[:t, i])).frequencies))
+                    int(np.argmax(categories.estimate(mech.aggregate(reports[:t, i])).frequencies))
                     for i in range(values.size)
                 ]
             )
@@ -377,7 +385,7 @@ class AdversaryUnit:
     seed: np.random.SeedSequence
 
 
-def frequency_variances(mech: CategoricalMechanism, frequencies: np.ndarray, n: int) -> np.ndarray:
+def frequency_variances(mech: CategoricalValues, frequencies: np.ndarray, n: int) -> np.ndarray:
     """Var[f_v] of each frequency estimate from n reports at the true ``frequencies``: the
     mechanism's own ``frequency_variance`` where its estimator has one (``dbitflip``'s
     counts the devices that sampled each bucket), else the frequency oracles'
@@ -389,15 +397,16 @@ def frequency_variances(mech: CategoricalMechanism, frequencies: np.ndarray, n: 
     return (q * (1 - q) / (p - q) ** 2 + frequencies * (1 - p - q) / (p - q)) / n
 
 
-def _truth_and_noise(mech: Mechanism[Any, Any], values: np.ndarray) -> tuple[Any, Any]:
+def _truth_and_noise(mech: Mechanism[Any], values: np.ndarray) -> tuple[Any, Any]:
     """A block's sums of values per output and its part of n^2 Var (``BlockResult``): both
     variances are (a + b f) / n, so m^2 Var at the block's own m and f adds over blocks."""
     m = values.size
-    if isinstance(mech, CategoricalMechanism):
-        counts = np.bincount(values, minlength=mech.domain_size).astype(np.float64)
-        return counts, m * m * frequency_variances(mech, counts / m, m)
-    assert isinstance(mech, NumericMechanism)
-    return [float(values.sum())], [float(mech.report_variance(values).sum())]
+    if (categories := as_categorical(mech)) is not None:
+        counts = np.bincount(values, minlength=categories.domain_size).astype(np.float64)
+        return counts, m * m * frequency_variances(categories, counts / m, m)
+    numbers = as_numeric(mech)
+    assert numbers is not None  # the longitudinal mechanisms: categories or numbers
+    return [float(values.sum())], [float(numbers.report_variance(values).sum())]
 
 
 def distinct_per_device(keys: np.ndarray) -> np.ndarray:
@@ -413,21 +422,21 @@ def run_block(unit: BlockUnit) -> BlockResult:
     rng = np.random.default_rng(unit.seed)
     population = unit.population
     stop = min(population.devices, unit.start + DEVICE_BLOCK)
-    memoized = isinstance(mech, MemoizedMechanism)
-    memo = SimulatedMemo(np.arange(unit.start, stop), unit.memo_seed) if memoized else None
+    lifelong = as_memoized(mech)
+    memo = SimulatedMemo(np.arange(unit.start, stop), unit.memo_seed) if lifelong else None
     keys = []
     statistics, truth, noise = [], [], []
     numeric = unit.spec.mechanism in NUMERIC
     for values in population.values(unit.start, numeric):
         statistics.append(mech.aggregate(encode(mech, values, rng, memo)))
-        if isinstance(mech, MemoizedMechanism):
-            keys.append(mech.memo_keys(values, memo))
+        if lifelong is not None:
+            keys.append(lifelong.memo_keys(values, memo))
         sums, variances = _truth_and_noise(mech, values)
         truth.append(sums)
         noise.append(variances)
     distinct = (
         np.bincount(distinct_per_device(np.stack(keys)), minlength=population.periods + 1)
-        if memoized
+        if lifelong is not None
         else None
     )
     return BlockResult(
@@ -450,7 +459,7 @@ def run_adversary(unit: AdversaryUnit) -> tuple[float, float]:
         values = rng.integers(population.domain_size, size=unit.devices)
     periods = [population.periods]
     stateless = reidentified(mech, values, periods, rng, None)[0]
-    if not isinstance(mech, MemoizedMechanism):
+    if as_memoized(mech) is None:
         return math.nan, stateless
     memo = SimulatedMemo(np.arange(unit.devices), unit.memo_seed)
     return reidentified(mech, values, periods, rng, memo)[0], stateless
@@ -537,7 +546,7 @@ def simulate(
 
 
 def _period_errors(
-    mech: Mechanism[Any, Any], parts: list[BlockResult], devices: int
+    mech: Mechanism[Any], parts: list[BlockResult], devices: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """(squared errors, variances), each (T, k), of one repetition's per-period estimates."""
     truth = np.sum([part.truth for part in parts], axis=0) / devices
@@ -547,8 +556,12 @@ def _period_errors(
         stats = (
             parts[0].statistics[period].merge_many(part.statistics[period] for part in parts[1:])
         )
-        estimate = mech.estimate(stats)
-        vector = estimate.frequencies if isinstance(mech, CategoricalMechanism) else [estimate.mean]
+        if (categories := as_categorical(mech)) is not None:
+            vector = categories.estimate(stats).frequencies
+        else:
+            numbers = as_numeric(mech)
+            assert numbers is not None  # the longitudinal mechanisms: categories or numbers
+            vector = np.array([numbers.estimate(stats).mean])
         errors[period] = np.asarray(vector, dtype=np.float64) - truth[period]
     return errors**2, variance
 
@@ -560,11 +573,12 @@ def _quantile(counts: np.ndarray, level: float) -> int:
 
 
 def _lifetime(
-    mech: Mechanism[Any, Any], per_rep: list[list[BlockResult]], periods: int
+    mech: Mechanism[Any], per_rep: list[list[BlockResult]], periods: int
 ) -> tuple[dict[str, float], list[tuple[float, float, float]]]:
     """The lifetime epsilon's summary over devices, and its distribution as (distinct keys,
     lifetime epsilon, share of devices) over every repetition's devices."""
-    if not isinstance(mech, MemoizedMechanism):
+    lifelong = as_memoized(mech)
+    if lifelong is None:
         spent = periods * mech.epsilon
         names = ("lifetime_mean", "lifetime_median", "lifetime_p99", "lifetime_max")
         return dict.fromkeys(names, spent), [(math.nan, spent, 1.0)]
@@ -573,7 +587,7 @@ def _lifetime(
         for part in parts:
             assert part.distinct is not None
             histogram += part.distinct
-    per_key = mech.epsilon_lifetime
+    per_key = lifelong.epsilon_lifetime
     total = int(histogram.sum())
     summary = {
         "lifetime_mean": per_key * float(np.arange(periods + 1) @ histogram) / total,
@@ -605,17 +619,16 @@ def _summarize(
     )
     mse_by_period = np.mean([squares.mean(axis=1) for squares, _ in errors], axis=0)
     variance_by_period = errors[0][1].mean(axis=1)  # one population for every repetition
-    memoized = isinstance(mech, MemoizedMechanism)
-    epsilon_report = mech.epsilon_report if isinstance(mech, MemoizedMechanism) else spec.epsilon
+    lifelong = as_memoized(mech)
+    memoized = lifelong is not None
+    epsilon_report = lifelong.epsilon_report if lifelong is not None else spec.epsilon
     lifetime, distribution = _lifetime(mech, per_rep, periods)
     run.lifetime += [
         {"mechanism": name, "distinct_keys": keys, "lifetime_epsilon": spent, "share": share}
         for keys, spent, share in distribution
     ]
     # What one unchanging value may reveal: epsilon if memoized, T reports' worth if not.
-    unchanged = (
-        mech.epsilon_lifetime if isinstance(mech, MemoizedMechanism) else periods * spec.epsilon
-    )
+    unchanged = lifelong.epsilon_lifetime if lifelong is not None else periods * spec.epsilon
     bound = guess_bound(unchanged, 2 if name in NUMERIC else population.domain_size)
     threshold = leak_threshold(bound, adversary_devices) if adversary_devices else math.nan
     memo_rate, stateless_rate = adversary if adversary is not None else (math.nan, math.nan)

@@ -34,10 +34,10 @@ Mechanisms (``MECHANISMS``), each over every epsilon:
 
 Paths. ``exact`` encodes every user, in work units of up to ``UNIT_BYTES`` of reports
 (``unit_users``), through the mechanism's ``encode``
-(devices' permanent randomness from ``SimulatedMemo(user ids)``; RAPPOR users a uniform
-cohort and a fresh 16-byte secret) and aggregates the reports. ``fast`` draws the
-statistics from their exact law (``simulate_statistics(strings, counts, rng)``) where a
-mechanism has that, O(V) whatever n; the others run the exact path (column ``path``).
+(devices' permanent randomness from ``SimulatedMemo(user ids)``; RAPPOR users a fresh
+secret each, from which their cohort derives) and aggregates the reports. ``fast`` draws
+the statistics from their exact law (``simulate_statistics(strings, counts, rng)``, which
+every string mechanism has), O(V) whatever n (column ``path``).
 
 Measures, per mechanism and epsilon, averaged over ``--reps`` repetitions (fresh noise,
 the same population). T is the true top-k (``--top-k``; ties by vocabulary rank) and F
@@ -77,10 +77,16 @@ from typing import Any
 
 import numpy as np
 
-from shared.mechanisms import make_mechanism
-from shared.mechanisms.rappor import Rappor
+from shared.mechanisms import (
+    DeviceContext,
+    Mechanism,
+    as_candidate_queries,
+    as_discovery,
+    make_mechanism,
+)
+from shared.mechanisms.strings import MAX_STRING_BYTES
 from shared.memo import SimulatedMemo
-from shared.schemas import MAX_STRING_BYTES, MechanismSpec
+from shared.schemas import MechanismSpec
 from simulations import report
 from simulations.execution import run_units
 from simulations.populations import CategoricalShape, apportion
@@ -316,23 +322,25 @@ def make_spec(name: str, epsilon: float, settings: Settings) -> MechanismSpec:
 
 
 @functools.lru_cache(maxsize=64)
-def mechanism_for(spec: MechanismSpec) -> Any:
-    """``make_mechanism(spec)``, built once per process. Typed ``Any``: a string mechanism is
-    a ``Mechanism`` with the ``OpenStringMechanism`` interface, or ``Rappor``, whose
-    ``encode`` differs; ``encode`` below dispatches on the class."""
+def mechanism_for(spec: MechanismSpec) -> Mechanism[Any]:
+    """``make_mechanism(spec)``, built once per process."""
     return make_mechanism(spec)
 
 
 def encode(
-    mech: Any, values: list[str], users: np.ndarray, rng: np.random.Generator, memo_seed: int
+    mech: Mechanism[Any],
+    values: list[str],
+    users: np.ndarray,
+    rng: np.random.Generator,
+    memo_seed: int,
 ) -> Any:
-    """The reports of ``values`` held by ``users``: RAPPOR devices with a uniform cohort and a
-    fresh secret each, the others with their permanent randomness from ``SimulatedMemo``."""
-    if isinstance(mech, Rappor):
-        cohorts = rng.integers(mech.num_cohorts, size=len(values))
-        secrets = rng.integers(0, 256, (len(values), SECRET_BYTES), dtype=np.uint8)
-        return mech.encode(values, cohorts, secrets, rng=rng)
-    return mech.encode(values, rng, memo=SimulatedMemo(users, memo_seed))
+    """The reports of ``values`` held by ``users``: each device with its permanent
+    randomness from ``SimulatedMemo`` (``pem``'s group) and, for a mechanism that keeps
+    one, a fresh secret (RAPPOR's, from which its cohort derives)."""
+    secrets = (
+        rng.integers(0, 256, (len(values), SECRET_BYTES), dtype=np.uint8) if mech.stateful else None
+    )
+    return mech.encode(values, rng, DeviceContext(SimulatedMemo(users, memo_seed), secrets))
 
 
 # --- work units ----------------------------------------------------------------------------
@@ -362,7 +370,8 @@ class UnitResult:
 def unit_users(spec: MechanismSpec) -> int:
     """Users per work unit of the exact path: ``UNIT_BYTES`` of reports, a report taken as
     24 bytes plus its bit vector (cms and sfp: m bits; rappor: its Bloom bits)."""
-    report_bytes = 24 + ((spec.sketch_width or 0) + (spec.num_bits or 0)) // 8
+    bits = getattr(spec, "sketch_width", 0) + getattr(spec, "num_bits", 0)
+    report_bytes = 24 + bits // 8
     return min(MAX_UNIT_USERS, max(MIN_UNIT_USERS, UNIT_BYTES // report_bytes))
 
 
@@ -373,7 +382,9 @@ def run_unit(unit: Unit) -> UnitResult:
     population = unit.population
     if unit.simulated:
         started = time.perf_counter()
-        stats = mech.simulate_statistics(list(population.strings), population.counts, rng)
+        strings = as_candidate_queries(mech)
+        assert strings is not None  # every mechanism here estimates strings
+        stats = strings.simulate_statistics(list(population.strings), population.counts, rng)
         return UnitResult(stats, math.nan, time.perf_counter() - started)
     values = population.values(unit.start, unit.stop)
     users = np.arange(unit.start, unit.stop)
@@ -451,8 +462,8 @@ def evaluate(mech: Any, stats: Any, population: StringPopulation, k: int, count:
     estimated = time.perf_counter()
     values = np.asarray(estimate.frequencies, dtype=np.float64)
     std = np.asarray(estimate.std, dtype=np.float64)
-    if getattr(mech, "discovers", False):  # OpenStringMechanism's flag; RAPPOR has none
-        hitters = mech.heavy_hitters(stats, k)
+    if (finder := as_discovery(mech)) is not None:
+        hitters = finder.heavy_hitters(stats, k)
         discover_seconds = time.perf_counter() - estimated
         found = list(hitters.strings)
         found_values = np.asarray(hitters.frequencies, dtype=np.float64)
@@ -538,7 +549,7 @@ def simulate(
         raise ValueError(f"path must be 'exact' or 'fast', got {path!r}")
     plan: list[tuple[int, int, int, int, bool]] = []
     for index, spec in enumerate(specs):
-        simulated = path == "fast" and hasattr(mechanism_for(spec), "simulate_statistics")
+        simulated = path == "fast"
         spans = [(0, population.users)] if simulated else population.blocks(unit_users(spec))
         plan += [(index, rep, a, b, simulated) for rep in range(reps) for a, b in spans]
     seeds = np.random.SeedSequence([population.seed, NOISE_STREAM]).spawn(len(plan))
@@ -601,9 +612,9 @@ def _summarize(
             "top_k": top_k,
             "candidates": candidates,
             "reps": reps,
-            "sketch_width": spec.sketch_width,
-            "sketch_depth": spec.sketch_depth,
-            "max_length": spec.max_length,
+            "sketch_width": getattr(spec, "sketch_width", None),
+            "sketch_depth": getattr(spec, "sketch_depth", None),
+            "max_length": getattr(spec, "max_length", None),
             "precision": float(np.mean(precisions)) if precisions else math.nan,
             "recall": float(np.mean([e.recall for e in evaluations])),
             "tv": float(np.mean([e.tv for e in evaluations])),

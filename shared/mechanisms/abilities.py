@@ -70,6 +70,16 @@ class CategoricalValues(Protocol):
 
     domain_size: int
 
+    @property
+    def p(self) -> float:
+        """P(a report supports v | value v)."""
+        ...
+
+    @property
+    def q(self) -> float:
+        """P(a report supports v | value u), u != v."""
+        ...
+
     def estimate(self, stats: CountStatistics) -> Estimate: ...
 
     def transition_matrix(self) -> np.ndarray: ...
@@ -88,6 +98,16 @@ class NumericValues(Protocol):
 
     def estimate(self, stats: MomentStatistics) -> MeanEstimate: ...
 
+    def debias(self, reports: np.ndarray) -> np.ndarray:
+        """The unbiased value, in original units, that each report stands for."""
+        ...
+
+    def report_variance(self, values: np.ndarray) -> np.ndarray: ...
+
+    def simulate_statistics(
+        self, levels: np.ndarray, counts: np.ndarray, rng: np.random.Generator
+    ) -> MomentStatistics: ...
+
 
 @runtime_checkable
 class CandidateQueries(Protocol):
@@ -96,6 +116,13 @@ class CandidateQueries(Protocol):
     def estimate(
         self, stats: CountStatistics, candidates: Sequence[str] | None = None
     ) -> Estimate: ...
+
+    def simulate_statistics(
+        self, values: Sequence[str], counts: Sequence[int] | np.ndarray, rng: np.random.Generator
+    ) -> CountStatistics:
+        """The statistics of ``counts[i]`` devices reporting ``values[i]`` once each, drawn
+        from their law (the simulation fast path; a seeded numpy Generator only)."""
+        ...
 
 
 @runtime_checkable
@@ -117,6 +144,11 @@ class Memoized(Protocol):
     @property
     def epsilon_lifetime(self) -> float:
         """What any number of reports of one ledger key reveal (may be infinite)."""
+        ...
+
+    def memo_keys(self, values: Any, memo: Memo | None = None) -> np.ndarray:
+        """Each value's memo key (int64): its permanent response depends on the value only
+        through it, so distinct keys per device count what a device spends for life."""
         ...
 
     def ledger_keys(self, values: Any, context: DeviceContext) -> list[bytes]:

@@ -66,6 +66,10 @@ class Mechanism(ABC, Generic[StatsT]):
     provides: ClassVar[tuple[type, ...]] = ()
     #: Every ability of the class: what it and its bases provide.
     abilities: ClassVar[frozenset[type]] = frozenset()
+    #: Whether a report depends on what the device keeps for the spec (``DeviceContext``:
+    #: a memoized response, a RAPPOR secret, a ``pem`` group), so that one device's
+    #: reports are not independent draws.
+    stateful: ClassVar[bool] = False
 
     #: What ``encode`` takes: ``"categorical"``, ``"numeric"`` or ``"string"`` (its spec
     #: model's kind).

@@ -114,6 +114,7 @@ class MemoizedMechanism:
     """Mixin for the memoized mechanisms (see the module docstring)."""
 
     provides: ClassVar[tuple[type, ...]] = (Memoized,)
+    stateful: ClassVar[bool] = True
     spec: MemoizedSpec
 
     @property

@@ -274,6 +274,7 @@ class PrefixExtendingMethod(OpenStringMechanism, Mechanism[CountStatistics]):
     name = "pem"
     spec_model = PemSpec
     provides: ClassVar[tuple[type, ...]] = (Discovery,)
+    stateful: ClassVar[bool] = True  # a device's group is kept for life
     payload_schema = payload_shape(
         "PrefixPayload",
         "pem: the device's group, the seed hashing its group's prefix, and the bucket "

@@ -90,6 +90,7 @@ unexplained mass, and the smallest detectable frequency.
 from __future__ import annotations
 
 import base64
+import hashlib
 import math
 import os
 from collections.abc import Sequence
@@ -128,6 +129,7 @@ from shared.mechanisms.rappor_common import (
 from shared.mechanisms.registry import register
 from shared.mechanisms.spec import MAX_EPSILON, MIN_EPSILON, MechanismSpec, ValueKind, fill_in
 from shared.mechanisms.unary import bit_sums
+from shared.memo import Memo
 from shared.randomness import (
     BITS53,
     RandomSource,
@@ -318,6 +320,7 @@ class Rappor(Mechanism[CountStatistics]):
         bits=BASE64,
     )
     provides: ClassVar[tuple[type, ...]] = (CandidateQueries, Memoized)
+    stateful: ClassVar[bool] = True
 
     name = "rappor"
     spec_model = RapporSpec
@@ -368,6 +371,18 @@ class Rappor(Mechanism[CountStatistics]):
     def epsilon_lifetime(self) -> float:
         """What any number of reports of one value reveal: ``epsilon_infinity``."""
         return self.epsilon_infinity
+
+    def memo_keys(self, values: Any, memo: Memo | None = None) -> np.ndarray:
+        """Each string's key as int64: the first 8 bytes of SHA-256 of its UTF-8 (distinct
+        strings collide with probability 2^-64 a pair); ``memo`` is not used, the PRR is
+        memoized per (secret, Bloom filter)."""
+        return np.array(
+            [
+                int.from_bytes(hashlib.sha256(key).digest()[:8], "big", signed=True)
+                for key in self.ledger_keys(values, FRESH)
+            ],
+            dtype=np.int64,
+        )
 
     def ledger_keys(self, values: Any, context: DeviceContext) -> list[bytes]:
         """The value itself (UTF-8): the permanent response is memoized per value."""
@@ -486,8 +501,13 @@ class Rappor(Mechanism[CountStatistics]):
         return reports
 
     def _cohorts_of(self, secrets: list[bytes], n: int) -> np.ndarray:
-        """Each value's cohort from its device's secret (one secret: the same for all)."""
-        cohorts = np.array([self.assign_cohort(secret) for secret in secrets], dtype=np.int64)
+        """Each value's cohort from its device's secret (one secret: the same for all),
+        derived once per distinct secret."""
+        known: dict[bytes, int] = {}
+        for secret in secrets:
+            if secret not in known:
+                known[secret] = self.assign_cohort(secret)
+        cohorts = np.array([known[secret] for secret in secrets], dtype=np.int64)
         return np.broadcast_to(cohorts, n) if cohorts.size == 1 else cohorts
 
     def _irr(self, prr: np.ndarray, source: RandomSource) -> np.ndarray:

@@ -221,10 +221,12 @@ def measure_cell(
 def time_stages(client: Any, metric: str, values: list[Any]) -> dict[str, float]:
     """Mean microseconds of each stage of ``record`` (private attributes of the SDK)."""
     from client import sdk
+    from shared.mechanisms import as_categorical
 
     clock = time.perf_counter_ns
-    spec, mechanism = client._lookup(metric)
-    categorical = spec.mechanism.kind == "categorical"
+    spec, digest, mechanism = client._lookup(metric)
+    categories = as_categorical(mechanism)
+    context = client._context(digest)
 
     def timed(action: Any, items: list[Any]) -> tuple[float, list[Any]]:
         results = []
@@ -235,14 +237,18 @@ def time_stages(client: Any, metric: str, values: list[Any]) -> dict[str, float]
 
     def check(value: Any) -> Any:
         client._lookup(metric)
-        return sdk.category_index(spec, value) if categorical else sdk.numeric_value(metric, value)
+        if categories is not None:
+            return sdk.category_index(spec, categories.domain_size, value)
+        return sdk.numeric_value(metric, value)
 
     stages: dict[str, float] = {}
     stages["lookup+check"], encoded = timed(check, values)
     stages["ledger debit"], _ = timed(
         lambda _: client._ledger.debit(metric, spec.mechanism.epsilon), values
     )
-    stages["encode"], reports = timed(mechanism.encode, encoded)
+    stages["encode"], reports = timed(
+        lambda values: mechanism.encode(values, context=context), encoded
+    )
     stages["to_payloads"], payloads = timed(lambda r: mechanism.to_payloads(r)[0], reports)
     stamp = "2026-01-01T00:00:00Z"
 

@@ -13,8 +13,8 @@ metrics, so the metric list holds 100. Two of them, ``bench.dashboard.categorica
 (``oue``, d = 8, epsilon 1) and ``bench.dashboard.numeric`` (``piecewise`` on [0, 120]),
 get statistics in every hour of the last 90 days (2,160 hourly buckets): the
 aggregate of ``REPORTS_PER_HOUR`` reports encoded by the metric's mechanism from a
-seeded generator, stored as ingestion stores them (``Storage.add_partial_rows``; the
-report ids are not needed here). The service runs as ``ldp-aggregator serve`` on a free
+seeded generator, stored as ingestion stores them (``ReportsRepository.add_partial_rows``;
+the report ids are not needed here). The service runs as ``ldp-aggregator serve`` on a free
 loopback port (``simulations/server.py``).
 
 Measured, with Debian's headless Chromium (``/usr/bin/chromium``) driven by Playwright,
@@ -52,10 +52,10 @@ from typing import Any
 import httpx
 import numpy as np
 
-from aggregator.service import Aggregator
+from aggregator.service import Services
 from aggregator.settings import Settings
 from aggregator.storage import PartialRow
-from shared.mechanisms import Mechanism, NumericMechanism
+from shared.mechanisms import Mechanism, as_numeric
 from shared.schemas import MechanismSpec, MetricDefinition
 from simulations.server import Server, start_server
 
@@ -91,12 +91,16 @@ def definitions() -> dict[str, MetricDefinition]:
     found: dict[str, MetricDefinition] = {
         CATEGORICAL: MetricDefinition(
             description="Benchmark: 90 days of hourly statistics.",
-            mechanism=MechanismSpec(mechanism="oue", epsilon=1.0, domain_size=8),
+            mechanism=MechanismSpec.model_validate(
+                {"mechanism": "oue", "epsilon": 1.0, "domain_size": 8}
+            ),
             labels=tuple(f"screen-{i}" for i in range(8)),
         ),
         NUMERIC: MetricDefinition(
             description="Benchmark: 90 days of hourly statistics.",
-            mechanism=MechanismSpec(mechanism="piecewise", epsilon=1.0, lower=0.0, upper=120.0),
+            mechanism=MechanismSpec.model_validate(
+                {"mechanism": "piecewise", "epsilon": 1.0, "lower": 0.0, "upper": 120.0}
+            ),
         ),
     }
     kinds = ["grr", "oue", "olh", "piecewise", "laplace", "rappor"]
@@ -132,7 +136,7 @@ def hourly_rows(
     rows = []
     for hour in range(DAYS * 24):
         values: np.ndarray
-        if isinstance(mechanism, NumericMechanism):
+        if as_numeric(mechanism) is not None:
             values = rng.beta(2.0, 5.0, REPORTS_PER_HOUR) * 120.0
         else:
             values = rng.integers(0, 8, REPORTS_PER_HOUR)
@@ -143,17 +147,18 @@ def hourly_rows(
 
 def prepare(database: Path) -> None:
     """Define the metrics and store the two series' statistics (see the module docstring)."""
-    service = Aggregator(Settings(database=str(database), compaction_interval=0))
+    services = Services.open(Settings(database=str(database), compaction_interval=0))
     try:
-        service.define_missing(definitions())
+        services.aggregator.define_missing(definitions())
         rng = np.random.default_rng(2026)
         now = datetime.now(UTC)
         for name in (CATEGORICAL, NUMERIC):
-            mechanism = service.catalog.mechanism(name, 1)
+            mechanism = services.aggregator.catalog.mechanism(name, 1)
             assert mechanism is not None
-            service.storage.add_partial_rows(hourly_rows(name, mechanism, now, rng))
+            rows = hourly_rows(name, mechanism, now, rng)
+            services.repositories.reports.add_partial_rows(rows)
     finally:
-        service.close()
+        services.close()
 
 
 def first_paint(page: Any) -> float:

@@ -10,8 +10,9 @@ Setup. For each code tree (``--base``, the code before, and this repository), a 
 file in a temporary directory holds the metric ``bench.huge`` (``hr``, d = 2^20, epsilon
 4) with the statistics of 30,000 reports in one hourly bucket: the mechanism's own
 aggregate of reports it encoded from a seeded generator (5 heavy categories and the rest
-uniform), written as ingestion writes them (``Storage.add_partial_rows``). Each tree's
-file is prepared by that tree's code (``--prepare``, run with ``PYTHONPATH`` set to it),
+uniform), written as ingestion writes them (``ReportsRepository.add_partial_rows``).
+Each tree's file is prepared by that tree's code (``--prepare``, run with ``PYTHONPATH``
+set to it; a tree from before ``Services`` through its ``Aggregator``'s ``storage``),
 and ``ldp-aggregator serve`` of that tree serves it on a free loopback port.
 
 Measured over HTTP (``httpx``, one client on the same machine), for each server:
@@ -42,8 +43,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -59,17 +62,33 @@ TARGET_BYTES = 5_000_000
 MB = 1_000_000
 
 
+def open_service(database: str) -> tuple[Any, Any, Callable[[], None]]:
+    """``(aggregator, reports, close)`` over ``database`` in the tree on ``sys.path``:
+    ``reports`` is what stores partial rows (``add_partial_rows``), ``close`` closes both.
+
+    This tree opens ``Services``; a tree from before them (``--base``) has no such class,
+    and its ``Aggregator(settings)`` opens the storage itself, as ``storage``.
+    """
+    from aggregator import service
+    from aggregator.settings import Settings
+
+    settings = Settings(database=database, compaction_interval=0)
+    if hasattr(service, "Services"):
+        services = service.Services.open(settings)
+        return services.aggregator, services.repositories.reports, services.close
+    before: Any = service.Aggregator(settings)  # type: ignore[call-arg]
+    return before, before.storage, before.close
+
+
 def prepare(database: str) -> None:
     """Define ``bench.huge`` in ``database`` and store the statistics of its reports (with
     the code on ``sys.path``: this tree's or the one ``PYTHONPATH`` names)."""
-    from aggregator.service import Aggregator
-    from aggregator.settings import Settings
     from aggregator.storage import PartialRow
     from shared.mechanisms import make_mechanism
     from shared.schemas import MechanismSpec, MetricDefinition
 
-    spec = MechanismSpec(mechanism="hr", epsilon=4.0, domain_size=DOMAIN)
-    service = Aggregator(Settings(database=database, compaction_interval=0))
+    spec = MechanismSpec.model_validate({"mechanism": "hr", "epsilon": 4.0, "domain_size": DOMAIN})
+    service, reports, close = open_service(database)
     try:
         service.define_missing({METRIC: MetricDefinition(mechanism=spec)})
         mechanism = make_mechanism(spec)
@@ -79,9 +98,9 @@ def prepare(database: str) -> None:
         stats = mechanism.aggregate(mechanism.encode(values, rng))
         bucket = 3600 * (int(time.time()) // 3600 - 1)
         row = PartialRow(METRIC, 1, bucket, stats.n, stats.to_bytes())
-        service.storage.add_partial_rows([row])
+        reports.add_partial_rows([row])
     finally:
-        service.close()
+        close()
 
 
 def pem_seconds() -> dict[str, float]:
@@ -89,7 +108,8 @@ def pem_seconds() -> dict[str, float]:
     from shared.mechanisms import make_mechanism
     from shared.schemas import MechanismSpec
 
-    mechanism = make_mechanism(MechanismSpec(mechanism="pem", epsilon=4.0, max_length=6))
+    spec = {"mechanism": "pem", "epsilon": 4.0, "max_length": 6}
+    mechanism = make_mechanism(MechanismSpec.model_validate(spec))
     rng = np.random.default_rng(2027)
     letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
     words: dict[str, None] = {}
@@ -172,7 +192,7 @@ def measure(server: Server, concurrent: int, extras: bool) -> dict[str, tuple[fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--base", type=Path, required=True, help="a checkout of the code to compare against"
+        "--base", type=Path, help="a checkout of the code to compare against (required)"
     )
     parser.add_argument("--concurrent", type=int, default=6, help="requests at once")
     parser.add_argument("--prepare", help=argparse.SUPPRESS)
@@ -184,6 +204,8 @@ def main() -> None:
     if args.pem:
         print(json.dumps(pem_seconds()))
         return
+    if args.base is None:  # not required of the runs in one tree (--prepare, --pem)
+        parser.error("the following argument is required: --base")
     trees = {"before": args.base.resolve(), "after": REPO_ROOT}
     results: dict[str, dict[str, tuple[float, ...]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-estimates-") as scratch:

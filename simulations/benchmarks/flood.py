@@ -62,7 +62,7 @@ from simulations.server import Server, start_server
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 METRIC = "app.theme"
-SPEC = MechanismSpec(mechanism="grr", epsilon=2.0, domain_size=3)
+SPEC = MechanismSpec.model_validate({"mechanism": "grr", "epsilon": 2.0, "domain_size": 3})
 MIB = 1024 * 1024
 #: Health checks: one every this many seconds (after the previous answer).
 PROBE_INTERVAL = 0.05

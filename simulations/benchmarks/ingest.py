@@ -35,7 +35,7 @@ its cores:
   n after the run with the reports posted (every batch, warm-up included): ``OK`` when
   they are equal and every batch was acknowledged, else ``MISMATCH``.
 * **Estimate latency.** A metric with 10^7 reports and one with 10^5, their statistics
-  inserted directly with ``Storage.add_partial_rows`` (24 hourly buckets x 4 partial
+  inserted directly with ``ReportsRepository.add_partial_rows`` (24 hourly buckets x 4 partial
   rows each, every row the ``aggregate`` of a simulated batch of GRR reports), served by
   one worker; the median over ``--estimate-requests`` requests of ``GET
   /v1/metrics/{name}/estimate`` (after two unmeasured ones; the two metrics alternate),
@@ -45,7 +45,7 @@ its cores:
   stages of ``Aggregator.ingest`` for 1,000-report batches, in process: JSON validation
   (``ReportBatch.model_validate_json``), ``prepare`` (envelopes, buckets, payloads, and
   the fold of every report: the ``aggregate`` of each metric version and time bucket),
-  then inside ``Storage.ingest``: the report-id insert (from its start, on the request's
+  then inside ``ReportsRepository.ingest``: the report-id insert (from its start, on the request's
   thread, to the fold on the writer thread), the fold (handing over the rows folded in
   advance when every id is new), the statistics insert, and the commit (from
   SQLAlchemy's commit event to the return: writing the WAL and its fsync). The same
@@ -88,7 +88,7 @@ from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import httpx
@@ -99,6 +99,10 @@ from shared.schemas import MechanismSpec
 from simulations import server
 from simulations.server import Server, free_port  # noqa: F401  (re-exported for the client benchmark)
 from simulations.text import counted
+
+if TYPE_CHECKING:
+    from aggregator.repositories.reports import ReportsRepository
+    from aggregator.service import Aggregator
 
 BATCH = 1000
 TARGET_RATE = 100_000.0
@@ -574,18 +578,18 @@ def run_estimates(
     patience: float,
 ) -> list[EstimateRow]:
     """Estimate latency for a metric of ``sizes[0]`` reports and one of ``sizes[1]``."""
-    from aggregator.storage import Storage
+    from aggregator.storage import Repositories
 
     out = []
     with fresh_database(backend, workdir, postgres) as database:
         server = start_server(database, workdir, 1, "--compaction-interval", "0")
         try:
-            storage = Storage(database)
+            repositories = Repositories.open(database)
             try:
                 for metric, n in zip((LARGE_METRIC, SMALL_METRIC), sizes, strict=True):
-                    storage.add_partial_rows(partial_rows_for(metric, n, seed))
+                    repositories.reports.add_partial_rows(partial_rows_for(metric, n, seed))
             finally:
-                storage.close()
+                repositories.close()
             wait_for_quiet(QUIET_CORES, patience)
             with httpx.Client(
                 base_url=server.url, headers=server.headers("analyst"), timeout=60
@@ -647,17 +651,18 @@ def stage_breakdown(
     """
     from sqlalchemy import event
 
-    from aggregator.service import Aggregator
+    from aggregator.service import Services
     from aggregator.settings import Settings
     from shared.schemas import MetricDefinition
 
     directory = Path(tempfile.mkdtemp(prefix="stages-", dir=workdir))
     database = str(directory / "aggregator.sqlite3")
     settings = Settings(database=database, min_reports=1, compaction_interval=0)
-    service = Aggregator(settings)
+    services = Services.open(settings)
+    service, reports = services.aggregator, services.repositories.reports
     marks: dict[str, float] = {}
 
-    @event.listens_for(service.storage.engine, "commit")
+    @event.listens_for(services.repositories.database.engine, "commit")
     def _on_commit(_conn: Any) -> None:
         marks["commit"] = time.perf_counter()
 
@@ -669,15 +674,15 @@ def stage_breakdown(
         )
         for phase in range(2):
             if phase == 1:
-                prefill_ids(service, prefill, seed)
-            first = service.storage.report_count()
+                prefill_ids(reports, prefill, seed)
+            first = reports.report_count()
             copy = str(directory / f"served-{phase}.sqlite3")
             copy_sqlite(database, copy)
             bodies = build_bodies(batches + 5, INGEST_METRIC, 1, seed + 10 * phase)
             wait_for_quiet(QUIET_CORES, patience)
-            spans = time_stages(service, bodies, marks)
+            spans = time_stages(service, reports, bodies, marks)
             spans[ROUND_TRIP], spans[HANDLER] = round_trip(copy, bodies, workdir, patience)
-            state = f"ids {first:,}-{service.storage.report_count():,}"
+            state = f"ids {first:,}-{reports.report_count():,}"
             rows += [
                 StageRow(name, state, float(np.median(v)), float(np.mean(v)))
                 for name, v in spans.items()
@@ -686,34 +691,38 @@ def stage_breakdown(
             bodies = build_bodies(batches, INGEST_METRIC, 1, seed + 100)
             listing = profile_ingest(service, bodies)
     finally:
-        service.close()
+        services.close()
     return rows, listing
 
 
-def prefill_ids(service: Any, count: int, seed: int) -> None:
+def prefill_ids(reports: ReportsRepository, count: int, seed: int) -> None:
     """Add ``count`` random report ids (no statistics), 50,000 per transaction."""
     rng = np.random.default_rng([seed, count])
     for start in range(0, count, 50_000):
         size = min(50_000, count - start)
         block = rng.bytes(16 * size)
         ids = [block[i : i + 16] for i in range(0, len(block), 16)]
-        service.storage.ingest(ids, lambda _new: [])
+        reports.ingest(ids, lambda _new: [])
 
 
 def time_stages(
-    service: Any, bodies: list[bytes], marks: dict[str, float], warmup: int = 5
+    service: Aggregator,
+    reports: ReportsRepository,
+    bodies: list[bytes],
+    marks: dict[str, float],
+    warmup: int = 5,
 ) -> dict[str, list[float]]:
     """Milliseconds of each stage of ``Aggregator.ingest`` per batch, after ``warmup`` batches.
 
-    ``service.ingest`` runs as served; ``Storage.ingest`` and the fold it is handed are
-    wrapped (on this instance, for the duration) to stamp their start and end, and the
-    commit starts at SQLAlchemy's commit event (``marks["commit"]``). "prepare" is from
-    the validated batch to ``Storage.ingest``.
+    ``service.ingest`` runs as served; ``ReportsRepository.ingest`` of ``reports`` (the
+    service's) and the fold it is handed are wrapped (on this instance, for the duration)
+    to stamp their start and end, and the commit starts at SQLAlchemy's commit event
+    (``marks["commit"]``). "prepare" is from the validated batch to
+    ``ReportsRepository.ingest``.
     """
     from shared.schemas import ReportBatch
 
-    storage = service.storage
-    original = storage.ingest
+    original = reports.ingest
 
     def ingest(ids: Any, fold: Callable[[list[bool]], Any]) -> Any:
         marks["store"] = time.perf_counter()
@@ -727,7 +736,7 @@ def time_stages(
         return original(ids, timed_fold)
 
     spans: dict[str, list[float]] = {name: [] for name in STAGES}
-    storage.ingest = ingest
+    reports.ingest = ingest  # type: ignore[method-assign]
     try:
         for i, body in enumerate(bodies):
             t0 = time.perf_counter()
@@ -753,7 +762,7 @@ def time_stages(
             for name, value in zip(STAGES, values, strict=True):
                 spans[name].append(value * 1000.0)
     finally:
-        storage.ingest = original
+        reports.ingest = original  # type: ignore[method-assign]
     return spans
 
 
@@ -813,7 +822,7 @@ def handler_seconds(client: httpx.Client) -> tuple[float, int]:
     return values["ldp_ingest_seconds_sum"], int(values["ldp_ingest_seconds_count"])
 
 
-def profile_ingest(service: Any, bodies: list[bytes]) -> str:
+def profile_ingest(service: Aggregator, bodies: list[bytes]) -> str:
     """cProfile of validation + ``Aggregator.ingest`` over ``bodies``: top functions by own time."""
     from shared.schemas import ReportBatch
 

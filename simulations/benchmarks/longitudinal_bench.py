@@ -45,7 +45,7 @@ over d, uniform numbers on [0, 1], each device drawing a new value with probabil
 Checks (the run exits with status 1 when one fails): a year of one value costs exactly
 epsilon (memoized) or 365 epsilon_report (one-shot); every mechanism's MSE ratio within
 ``mechanisms.SUSPICIOUS_Z`` standard errors of 1; every memoized success rate at most the
-bound plus ``LEAK_Z`` binomial standard errors (false alarm 1e-6 per rate); our
+bound plus the exact binomial margin (``leak_threshold``, false alarm 1e-6 per rate); our
 stateless rate at the last t above the bound by more than that. Targets (MISS lines, not
 failures): the MSE ratio within 0.9-1.1; at least 20x the peer's encode and aggregate
 rates; the peer's MSE not below ours beyond noise; the peer's stateless leak showing by
@@ -74,14 +74,19 @@ from typing import Any
 
 import numpy as np
 
-from shared.mechanisms import CategoricalMechanism, make_mechanism
-from shared.mechanisms.memoized import MemoizedMechanism
+from shared.mechanisms import as_categorical, as_memoized, make_mechanism
 from shared.memo import SimulatedMemo
 from shared.schemas import MechanismSpec
 from simulations.benchmarks import peers as peer_lib
-from simulations.benchmarks.mechanisms import MSE_BAND, SPEED_TARGET, mse_verdict, si, times
+from simulations.benchmarks.mechanisms import (
+    MSE_BAND,
+    SPEED_TARGET,
+    estimated,
+    mse_verdict,
+    si,
+    times,
+)
 from simulations.longitudinal import (
-    LEAK_Z,
     MEMOIZED,
     NUMERIC,
     ONE_SHOT,
@@ -89,6 +94,7 @@ from simulations.longitudinal import (
     encode,
     frequency_variances,
     guess_bound,
+    leak_threshold,
     make_specs,
     reidentified,
     simulate,
@@ -183,11 +189,10 @@ def make_peer(spec: MechanismSpec) -> PeerProtocol | None:
     if name is None:
         return None
     module = importlib.import_module(f"{PEER_PACKAGE}.{name}")
-    d, epsilon = spec.domain_size, spec.epsilon
-    assert d is not None
+    fields = spec.model_dump()  # the published spec: its fields by name
+    d, epsilon = int(fields["domain_size"]), spec.epsilon
     if spec.mechanism == "dbitflip":
-        bits = spec.bits_per_device
-        assert bits is not None
+        bits = int(fields["bits_per_device"])
         client, aggregator = module.dBitFlipPM_Client, module.dBitFlipPM_Aggregator_MI
         return PeerProtocol(
             spec.mechanism, name, module,
@@ -195,7 +200,7 @@ def make_peer(spec: MechanismSpec) -> PeerProtocol | None:
             lambda reports: np.asarray(aggregator(reports, d, bits, epsilon)),
             8 * d + 112,
         )  # fmt: skip
-    report = spec.epsilon_report
+    report = spec.report_epsilon
     client = getattr(module, f"{name}_Client")
     aggregator = getattr(module, f"{name}_Aggregator_MI")
     if spec.mechanism == "lgrr":
@@ -241,8 +246,7 @@ def peer_estimate(
         bits = np.asarray(reports, dtype=np.float64)  # -1 where a bucket was not sampled
         grown = math.exp(spec.epsilon / 2)
         terms = np.where(bits >= 0, (bits * (grown + 1) - 1) / (grown - 1), 0.0)
-        d, s = bits.shape[1], spec.bits_per_device
-        assert s is not None
+        d, s = bits.shape[1], int(spec.model_dump()["bits_per_device"])
         return terms.sum(axis=0) * d / (len(reports) * s), {}
     with unclipped(peer.module) as chain:
         frequencies = peer.aggregate(reports)
@@ -323,7 +327,7 @@ def our_rates(spec: MechanismSpec, population: Population, n: int) -> tuple[floa
             seconds["memoized"] += t1 - t0
             seconds["aggregate"] += t2 - t1
         t0 = time.perf_counter()
-        mech.estimate(stats)
+        estimated(mech, stats)
         seconds["aggregate"] += time.perf_counter() - t0
         best = {key: min(value, seconds[key]) for key, value in best.items()}
     return n / best["memoized"], n / best["stateless"], n / best["aggregate"]
@@ -339,8 +343,8 @@ def peer_accuracy(
     is sqrt(2 sum W^2) / sum Var over all periods' estimates, W the peer's own variances:
     its chain's for ``L_*``, ours scaled by the measured ratio for ``dBitFlipPM``.
     """
-    mech = make_mechanism(spec)
-    assert isinstance(mech, CategoricalMechanism)
+    mech = as_categorical(make_mechanism(spec))
+    assert mech is not None  # the peers' protocols are categorical
     squares, ours, theirs = [], [], []
     chain: dict[str, float] = {}
     for values in population.values(0, numeric=False):
@@ -384,10 +388,11 @@ def leak(
 ) -> Leak:
     """The adversary's success memoized, stateless, and against the peer's clients."""
     mech = make_mechanism(spec)
-    assert isinstance(mech, MemoizedMechanism) and isinstance(mech, CategoricalMechanism)
-    d = mech.domain_size
-    bound = guess_bound(mech.epsilon_lifetime, d)
-    margin = LEAK_Z * math.sqrt(bound * (1 - bound) / devices)
+    categories, lifelong = as_categorical(mech), as_memoized(mech)
+    assert categories is not None and lifelong is not None  # memoized frequency oracles
+    d = categories.domain_size
+    bound = guess_bound(lifelong.epsilon_lifetime, d)
+    margin = leak_threshold(bound, devices) - bound
     result = Leak(spec.mechanism, list(periods), bound, margin)
     rng = np.random.default_rng([seed, 7])
     values = rng.integers(d, size=devices)

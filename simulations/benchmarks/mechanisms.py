@@ -71,7 +71,7 @@ from typing import Any
 
 import numpy as np
 
-from shared.mechanisms import CategoricalMechanism, Mechanism, NumericMechanism, make_mechanism
+from shared.mechanisms import Mechanism, as_categorical, as_numeric, make_mechanism
 from shared.mechanisms.auto import CANDIDATES
 from shared.schemas import MechanismSpec
 from simulations.benchmarks import peers as peer_lib
@@ -202,7 +202,7 @@ def make_spec(name: str, epsilon: float, d: int | None) -> MechanismSpec:
 # ---------------------------------------------------------------------------- ours
 
 
-def chunk_size(mechanism: Mechanism[Any, Any], probe: np.ndarray, n: int, multiple: int) -> int:
+def chunk_size(mechanism: Mechanism[Any], probe: np.ndarray, n: int, multiple: int) -> int:
     """Users per chunk, a multiple of ``multiple``, so one chunk's reports take ~``CHUNK_BYTES``."""
     reports = mechanism.encode(probe, np.random.default_rng(0))
     per_report = max(1.0, reports.nbytes / probe.size)
@@ -222,14 +222,15 @@ class Reference:
     variances: np.ndarray
 
     @classmethod
-    def of(cls, mechanism: Mechanism[Any, Any], users: np.ndarray) -> Reference:
+    def of(cls, mechanism: Mechanism[Any], users: np.ndarray) -> Reference:
         n = users.size
-        if isinstance(mechanism, CategoricalMechanism):
-            p, q = mechanism.p, mechanism.q
-            f = np.bincount(users, minlength=mechanism.domain_size) / n
+        if (categories := as_categorical(mechanism)) is not None:
+            p, q = categories.p, categories.q
+            f = np.bincount(users, minlength=categories.domain_size) / n
             return cls(f, q * (1 - q) / (n * (p - q) ** 2) + f * (1 - p - q) / (n * (p - q)))
-        assert isinstance(mechanism, NumericMechanism)
-        variance = float(np.mean(mechanism.report_variance(users))) / n
+        numbers = as_numeric(mechanism)
+        assert numbers is not None  # the benchmark's mechanisms: categories or numbers
+        variance = float(np.mean(numbers.report_variance(users))) / n
         return cls(np.array([float(np.mean(users))]), np.array([variance]))
 
     def ratio(self, estimate: np.ndarray) -> float:
@@ -251,11 +252,13 @@ class Reference:
         return 2.0 / self.null_se**2
 
 
-def estimated(estimate: Any) -> np.ndarray:
-    """The estimate as a vector: frequencies, or the mean as a 1-vector."""
-    if hasattr(estimate, "frequencies"):
-        return np.asarray(estimate.frequencies, dtype=np.float64)
-    return np.array([float(estimate.mean)])
+def estimated(mechanism: Mechanism[Any], stats: Any) -> np.ndarray:
+    """The estimate of ``stats`` as a vector: frequencies, or the mean as a 1-vector."""
+    if (categories := as_categorical(mechanism)) is not None:
+        return np.asarray(categories.estimate(stats).frequencies, dtype=np.float64)
+    numbers = as_numeric(mechanism)
+    assert numbers is not None  # the benchmark's mechanisms: categories or numbers
+    return np.array([float(numbers.estimate(stats).mean)])
 
 
 @dataclass
@@ -267,7 +270,7 @@ class Groups:
     references: list[Reference]
 
     @classmethod
-    def plan(cls, mechanism: Mechanism[Any, Any], users: np.ndarray, outputs: int) -> Groups:
+    def plan(cls, mechanism: Mechanism[Any], users: np.ndarray, outputs: int) -> Groups:
         """Enough groups for ``GROUP_TERMS`` squared errors per run, of at least ``MIN_GROUP``."""
         count = max(1, min(users.size // MIN_GROUP, math.ceil(GROUP_TERMS / outputs)))
         size = users.size // count
@@ -279,7 +282,7 @@ class Groups:
 
 
 def one_run(
-    mechanism: Mechanism[Any, Any],
+    mechanism: Mechanism[Any],
     users: np.ndarray,
     rng: np.random.Generator,
     chunk: int,
@@ -309,12 +312,12 @@ def one_run(
             for g in range(first, min(groups.count, first + part.size // groups.size)):
                 offset = g * groups.size - start
                 rows = reports[offset : offset + groups.size]
-                group_estimate = estimated(mechanism.estimate(mechanism.aggregate(rows)))
+                group_estimate = estimated(mechanism, mechanism.aggregate(rows))
                 ref = groups.references[g]
                 group_ratios.append((ref.ratio(group_estimate), ref.null_se))
         del reports
     t0 = time.perf_counter()
-    estimate = mechanism.estimate(stats)
+    estimate = estimated(mechanism, stats)
     aggregate_seconds += time.perf_counter() - t0
     return estimate, encode_seconds, aggregate_seconds, group_ratios
 
@@ -343,12 +346,13 @@ def ratio_and_error(units: list[tuple[float, float]]) -> tuple[float, float]:
 
 def measure_ours(
     result: CellResult, users: np.ndarray, seed: int, budget: float, index: int
-) -> Mechanism[Any, Any]:
+) -> Mechanism[Any]:
     """Fill in our rates, the MSE ratios and the auto check of ``result``."""
     mechanism = make_mechanism(make_spec(result.mechanism, result.epsilon, result.domain))
     result.resolved = mechanism.name
     rng = np.random.default_rng([seed, 1, index])
-    outputs = mechanism.domain_size if isinstance(mechanism, CategoricalMechanism) else 1
+    categories = as_categorical(mechanism)
+    outputs = categories.domain_size if categories is not None else 1
     groups = Groups.plan(mechanism, users, outputs)
     chunk = chunk_size(mechanism, users[:256], users.size, groups.size)
     one_run(mechanism, users[: min(users.size, 4096)], rng, chunk)  # warm-up, untimed
@@ -366,7 +370,7 @@ def measure_ours(
         )
         encode_times.append(encode_seconds)
         aggregate_times.append(aggregate_seconds)
-        per_run.append((full.ratio(estimated(estimate)), full.null_se))
+        per_run.append((full.ratio(estimate), full.null_se))
         per_group.extend(ratios)
         now = time.perf_counter()
         enough = len(per_run) * full.effective_terms >= MIN_TERMS

@@ -39,8 +39,7 @@ from types import ModuleType
 
 import numpy as np
 
-from shared.mechanisms.olh import OptimizedLocalHashing
-from shared.schemas import MechanismSpec
+from shared.mechanisms.olh import OlhSpec, OptimizedLocalHashing
 from shared.statistics import CountStatistics
 from simulations.benchmarks.mechanisms import times
 
@@ -114,7 +113,7 @@ def measure(
     case: Case, baseline: ModuleType | None, repeats: int, limit: float
 ) -> tuple[str, list[str]]:
     """One row of the table, and the targets it misses."""
-    spec = MechanismSpec(mechanism="olh", epsilon=case.epsilon, domain_size=case.d)
+    spec = OlhSpec(mechanism="olh", epsilon=case.epsilon, domain_size=case.d)
     ours = OptimizedLocalHashing(spec)
     rng = np.random.default_rng(case.n * 7919 + case.d)
     reports = ours.encode(rng.integers(0, case.d, case.n), rng=rng)

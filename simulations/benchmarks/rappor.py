@@ -68,10 +68,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from shared.mechanisms import make_mechanism
-from shared.mechanisms.rappor import Rappor, RapporEstimate
+from shared.mechanisms import DeviceContext
+from shared.mechanisms.rappor import Rappor, RapporEstimate, RapporSpec
 from shared.mechanisms.rappor_decode import nonnegative_qp
-from shared.schemas import MechanismSpec
 from shared.statistics import CountStatistics
 
 SHAPES = ("exp", "gauss", "unif", "zipf1", "zipf1.5")
@@ -293,7 +292,7 @@ def device_statistics(
     cohorts = rng.integers(0, mech.num_cohorts, n)
     secrets = rng.integers(0, 256, (n, 16), dtype=np.uint8)
     start = time.perf_counter()
-    reports = mech.encode(values, cohorts, secrets, rng=rng)
+    reports = mech.encode(values, rng, DeviceContext(secrets=secrets, cohorts=cohorts))
     encoded = time.perf_counter()
     stats = mech.aggregate(reports)
     return stats, encoded - start, time.perf_counter() - encoded
@@ -302,8 +301,7 @@ def device_statistics(
 def run_case(
     setup: str, params: dict[str, Any], n: int, shape: str, repeats: int, seed: int
 ) -> Row:
-    mech = make_mechanism(MechanismSpec(mechanism="rappor", **params))
-    assert isinstance(mech, Rappor)
+    mech = Rappor(RapporSpec.model_validate({"mechanism": "rappor", **params}))
     names = [f"v{i}" for i in range(1, VALUES + 1)]
     candidates = [name for name in names if not MISSING.search(name)] + [
         f"v{i}" for i in range(VALUES + 1, VALUES + DECOYS + 1)
@@ -361,8 +359,7 @@ class LargeResult:
 
 
 def run_large(seed: int, reports: int = LARGE_REPORTS) -> LargeResult:
-    mech = make_mechanism(MechanismSpec(mechanism="rappor", **LARGE))
-    assert isinstance(mech, Rappor)
+    mech = Rappor(RapporSpec.model_validate({"mechanism": "rappor", **LARGE}))
     rng = np.random.default_rng([seed, 7])
     names = [f"string-{i}" for i in range(LARGE_TRUE)]
     shares = 1 / np.arange(1, LARGE_TRUE + 1)

@@ -72,11 +72,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from shared import hashing
+from shared.mechanisms.sketch import SketchMechanism
 from shared.mechanisms.strings import utf8_values
 from shared.schemas import MechanismSpec
 from simulations import report
@@ -406,7 +407,7 @@ def query_seconds(
             "sketch_depth": QUERY_DEPTH,
         }
     )
-    mech = mechanism_for(spec)
+    mech = cast(SketchMechanism, mechanism_for(spec))  # a sketch's own query, timed
     stats = mech.aggregate(mech.encode(held.values(0, held.users), np.random.default_rng(seed)))
     raw = utf8_values(queries)
     hashed = best_time(lambda: mech.hash.fingerprints(raw))

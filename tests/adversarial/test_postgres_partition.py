@@ -17,7 +17,6 @@ measured by ``simulations/benchmarks/partition.py``.
 
 from __future__ import annotations
 
-import os
 import secrets
 import time
 import uuid
@@ -33,12 +32,10 @@ from sqlalchemy.engine import make_url
 
 from simulations.server import Server, start_server
 from simulations.tcp_proxy import TcpProxy
+from tests.support import POSTGRES_URL, postgres_problem
 
 pytestmark = pytest.mark.slow
 
-POSTGRES_URL = os.environ.get(
-    "LDP_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-)
 METRIC, VERSION, DOMAIN = "app.theme", 1, 3  # a demo metric: GRR over three categories
 #: Longest any one request may take: a few database timeouts (5 s each), generously.
 ANSWER_BOUND = 60.0
@@ -70,14 +67,11 @@ class Ledger:
 @pytest.fixture
 def proxied(tmp_path: Path) -> Iterator[tuple[TcpProxy, Server]]:
     """A proxy in front of PostgreSQL, and the service on a fresh schema through it."""
+    problem = postgres_problem()
+    if problem is not None:
+        pytest.skip(problem)
     url = make_url(POSTGRES_URL)
     admin = create_engine(url, connect_args={"connect_timeout": 3})
-    try:
-        with admin.begin() as conn:
-            conn.execute(text("SELECT 1"))
-    except Exception as error:  # noqa: BLE001 - any failure means "no server"
-        admin.dispose()
-        pytest.skip(f"no PostgreSQL at {POSTGRES_URL}: {type(error).__name__}: {error}")
     schema = f"t_{secrets.token_hex(6)}"
     with admin.begin() as conn:
         conn.execute(text(f"CREATE SCHEMA {schema}"))

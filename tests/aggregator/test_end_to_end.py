@@ -25,13 +25,11 @@ import numpy as np
 import pytest
 from prometheus_client.mmap_dict import MmapedDict
 
-from aggregator.auth import KEY_VARIABLES
 from aggregator.registry import DEMO_METRICS
-from shared.mechanisms import Mechanism, make_mechanism
+from shared.mechanisms import Mechanism, as_categorical, make_mechanism
 from shared.schemas import MechanismSpec
+from tests.support import ROOT, AggregatorProcess
 
-#: The repository root: servers started here run the checked-out code.
-ROOT = Path(__file__).resolve().parents[2]
 #: Two-sided normal quantile whose tail is 1e-5: P(|Z| > 4.42) = 9.9e-6.
 Z_STRICT = 4.42
 
@@ -83,7 +81,8 @@ def counted(server: Any, metric: str, version: int | None = None) -> int:
 
 
 def grr(epsilon: float, domain_size: int) -> Mechanism:
-    return make_mechanism(MechanismSpec(mechanism="grr", epsilon=epsilon, domain_size=domain_size))
+    spec = {"mechanism": "grr", "epsilon": epsilon, "domain_size": domain_size}
+    return make_mechanism(MechanismSpec.model_validate(spec))
 
 
 # --- the command line ---------------------------------------------------------------------
@@ -216,79 +215,50 @@ def test_a_bad_config_stops_the_start_with_a_clear_error(case: str, tmp_path: Pa
 KEY_PATTERN = re.compile(r"ldp_[A-Za-z0-9_-]{20,}")
 
 
-def _start_bare(database: str, workdir: Path, name: str) -> tuple[subprocess.Popen[bytes], str]:
-    """``serve`` with no key in the environment, stdout and stderr kept apart."""
-    from socket import AF_INET, SOCK_STREAM, socket
-
-    with socket(AF_INET, SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    environment = {k: v for k, v in os.environ.items() if k not in KEY_VARIABLES.values()}
-    with (workdir / f"{name}.out").open("wb") as out, (workdir / f"{name}.err").open("wb") as err:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "aggregator.cli", "serve", "--database", database]
-            + ["--port", str(port)],
-            stdout=out,
-            stderr=err,
-            env=environment,
-            cwd=ROOT,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert process.poll() is None, (workdir / f"{name}.err").read_text()
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            time.sleep(0.1)
-    _terminate(process)
-    raise AssertionError("the server did not start")
-
-
-def _terminate(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=30)
-
-
 @pytest.fixture
-def bare_servers() -> Iterator[list[subprocess.Popen[bytes]]]:
-    processes: list[subprocess.Popen[bytes]] = []
-    yield processes
-    for process in processes:
-        _terminate(process)
+def start_bare(tmp_path: Path) -> Iterator[Callable[[str, str], AggregatorProcess]]:
+    """``start_bare(database, name)``: ``serve`` with no key in the environment, its output
+    in ``name.out`` and its stderr in ``name.err`` (in ``tmp_path``); stopped after."""
+    started: list[AggregatorProcess] = []
+
+    def start(database: str, name: str) -> AggregatorProcess:
+        server = AggregatorProcess(
+            database, tmp_path / f"{name}.out", None, error_path=tmp_path / f"{name}.err"
+        )
+        started.append(server)
+        return server.start()
+
+    yield start
+    for server in started:
+        server.stop()
 
 
 @pytest.mark.slow
 def test_first_start_prints_an_admin_key_once(
-    tmp_path: Path, bare_servers: list[subprocess.Popen[bytes]]
+    tmp_path: Path, start_bare: Callable[[str, str], AggregatorProcess]
 ) -> None:
     database = str(tmp_path / "keys.sqlite3")
-    process, url = _start_bare(database, tmp_path, "first")
-    bare_servers.append(process)
+    first = start_bare(database, "first")
     printed = KEY_PATTERN.findall((tmp_path / "first.err").read_text())
     assert len(printed) == 1, "the first start prints exactly one admin key on stderr"
     assert not KEY_PATTERN.search((tmp_path / "first.out").read_text())
     key = printed[0]
 
-    listed = httpx.get(f"{url}/v1/keys", headers={"Authorization": f"Bearer {key}"})
+    listed = httpx.get(f"{first.url}/v1/keys", headers={"Authorization": f"Bearer {key}"})
     assert listed.status_code == 200
     assert [(k["role"], k["revoked_at"]) for k in listed.json()] == [("admin", None)]
-    wrong = httpx.get(f"{url}/v1/keys", headers={"Authorization": f"Bearer {key}x"})
+    wrong = httpx.get(f"{first.url}/v1/keys", headers={"Authorization": f"Bearer {key}x"})
     assert wrong.status_code == 401
-    _terminate(process)
+    first.stop()
 
-    process, url = _start_bare(database, tmp_path, "second")
-    bare_servers.append(process)
+    second = start_bare(database, "second")
     assert not KEY_PATTERN.search((tmp_path / "second.err").read_text())
     assert not KEY_PATTERN.search((tmp_path / "second.out").read_text())
-    again = httpx.get(f"{url}/v1/keys", headers={"Authorization": f"Bearer {key}"})
+    again = httpx.get(f"{second.url}/v1/keys", headers={"Authorization": f"Bearer {key}"})
     assert again.status_code == 200
     assert len(again.json()) == 1  # no second key was made
     created = httpx.post(
-        f"{url}/v1/keys",
+        f"{second.url}/v1/keys",
         json={"role": "device", "label": "phones"},
         headers={"Authorization": f"Bearer {key}"},
     )
@@ -354,7 +324,9 @@ def test_simulated_devices_are_estimated_within_their_confidence_intervals(
     high = np.array([item["ci_high"] for item in published["estimates"]])
     assert [item["label"] for item in published["estimates"]] == labels
 
-    local = mechanism.estimate(mechanism.aggregate(reports))
+    categorical = as_categorical(mechanism)
+    assert categorical is not None
+    local = categorical.estimate(mechanism.aggregate(reports))
     np.testing.assert_allclose(frequency, local.frequencies, rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(std, local.std, rtol=1e-12)
 

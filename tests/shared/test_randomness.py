@@ -227,6 +227,23 @@ def test_words_bits_and_bytes_uniform(make_source: SourceFactory) -> None:
     assert make_source(101).words(0).shape == (0,)
 
 
+@pytest.mark.parametrize(
+    "bits",
+    [np.random.PCG64, np.random.PCG64DXSM, np.random.Philox, np.random.SFC64, np.random.MT19937],
+)
+def test_words_are_the_generators_full_range_integers(bits: type[np.random.BitGenerator]) -> None:
+    """A seeded source's words are exactly numpy's full-range uint64 integers of the same
+    generator: the raw-output shortcut (``random_raw``, taken for the bit generators whose
+    raw output is one 64-bit word) changes no simulation's stream, and MT19937 (32-bit raw
+    output) keeps the general path."""
+    words = RandomSource(np.random.Generator(bits(7))).words(1000)
+    expected = np.random.Generator(bits(7)).integers(
+        0, 2**64 - 1, size=1000, dtype=np.uint64, endpoint=True
+    )
+    assert words.dtype == np.uint64
+    assert np.array_equal(words, expected)
+
+
 def test_uniform_grid_and_ks(make_source: SourceFactory) -> None:
     """uniform() returns multiples of 2**-53 in [0, 1), Kolmogorov-Smirnov-consistent (1e-6)."""
     values = make_source(102).uniform(200_000)
