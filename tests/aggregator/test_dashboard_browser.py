@@ -128,17 +128,24 @@ def add_discovery_metric(server: Server) -> None:
 def add_federated_task(server: Server) -> None:
     """A task of one client per round (noise given, so nothing is calibrated), run for
     ``ROUNDS_RUN`` rounds, with a public evaluation set."""
-    rng = np.random.default_rng(4)
+    create_task(server, TASK, {"noise_multiplier": 1.0}, ROUNDS_RUN, np.random.default_rng(4))
+
+
+def create_task(
+    server: Server, name: str, privacy: dict[str, float], rounds_run: int, rng: np.random.Generator
+) -> None:
+    """A central task of one client per round with an evaluation set, run ``rounds_run``
+    rounds."""
     body = {
-        "name": TASK,
+        "name": name,
         "config": {
             "model": {"kind": "logistic", "num_features": 4, "num_classes": 3},
             "mode": "central",
             "rounds": 5,
             "population": 1000,
             "clients_per_round": 1,
-            "noise_multiplier": 1.0,
             "accounting": "rdp",
+            **privacy,
         },
         "evaluation": {
             "x": rng.normal(size=(30, 4)).tolist(),
@@ -149,7 +156,7 @@ def add_federated_task(server: Server) -> None:
         f"{server.url}/v1/federated/tasks", json=body, headers=server.headers("admin"), timeout=120
     )
     assert created.status_code == 201, created.text
-    for round_number in range(ROUNDS_RUN):
+    for round_number in range(rounds_run):
         update = np.asarray(rng.normal(scale=0.1, size=15), dtype="<f8").tobytes()
         upload = {
             "update_id": str(uuid.uuid4()),
@@ -157,7 +164,7 @@ def add_federated_task(server: Server) -> None:
             "update": base64.b64encode(update).decode(),
         }
         response = httpx.post(
-            f"{server.url}/v1/federated/tasks/{TASK}/updates",
+            f"{server.url}/v1/federated/tasks/{name}/updates",
             json=upload,
             headers=server.headers("device"),
             timeout=60,

@@ -11,7 +11,6 @@ the page's policy, open a dialog) are those of ``test_dashboard_browser.py``.
 
 from __future__ import annotations
 
-import base64
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -76,8 +75,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         rng = np.random.default_rng(11)
         send_reports(running, NUMERIC, rng.gamma(4.0, 300.0, 400), rng)
         send_reports(running, CATEGORICAL, rng.choice(3, 300, p=[0.5, 0.3, 0.2]), rng)
-        create_task(running, BUDGETED, {"target_epsilon": BUDGET}, rounds_run=1, rng=rng)
-        create_task(running, IDLE, {"noise_multiplier": 1.0}, rounds_run=0, rng=rng)
+        browser_tests.create_task(
+            running, BUDGETED, {"target_epsilon": BUDGET}, rounds_run=1, rng=rng
+        )
+        browser_tests.create_task(running, IDLE, {"noise_multiplier": 1.0}, rounds_run=0, rng=rng)
         yield running
     finally:
         running.stop()
@@ -95,47 +96,6 @@ def send_reports(server: Server, name: str, values: np.ndarray, rng: np.random.G
         f"{server.url}/v1/reports", json={"reports": reports}, headers=server.headers("device")
     )
     assert response.json() == {"accepted": len(values), "duplicates": 0}, response.text
-
-
-def create_task(
-    server: Server, name: str, privacy: dict[str, float], rounds_run: int, rng: np.random.Generator
-) -> None:
-    """A central task of one client per round with an evaluation set, run ``rounds_run``
-    rounds."""
-    body = {
-        "name": name,
-        "config": {
-            "model": {"kind": "logistic", "num_features": 4, "num_classes": 3},
-            "mode": "central",
-            "rounds": 5,
-            "population": 1000,
-            "clients_per_round": 1,
-            "accounting": "rdp",
-            **privacy,
-        },
-        "evaluation": {
-            "x": rng.normal(size=(30, 4)).tolist(),
-            "y": rng.integers(0, 3, 30).tolist(),
-        },
-    }
-    created = httpx.post(
-        f"{server.url}/v1/federated/tasks", json=body, headers=server.headers("admin"), timeout=120
-    )
-    assert created.status_code == 201, created.text
-    for round_number in range(rounds_run):
-        update = np.asarray(rng.normal(scale=0.1, size=15), dtype="<f8").tobytes()
-        upload = {
-            "update_id": str(uuid.uuid4()),
-            "round": round_number,
-            "update": base64.b64encode(update).decode(),
-        }
-        response = httpx.post(
-            f"{server.url}/v1/federated/tasks/{name}/updates",
-            json=upload,
-            headers=server.headers("device"),
-            timeout=60,
-        )
-        assert response.status_code == 200, response.text
 
 
 def axis_titles(session: Session, canvas_id: str) -> dict[str, str]:
