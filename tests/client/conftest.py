@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from client.outbox import Outbox
 from tests.support import AggregatorProcess as ServerProcess
 
 KEYS = {
@@ -107,3 +108,11 @@ def make_aggregator(tmp_path: Path) -> Iterator[Callable[..., AggregatorProcess]
 def aggregator(make_aggregator: Callable[..., AggregatorProcess]) -> AggregatorProcess:
     """A running aggregator (demo metrics, ``--min-reports 1``) on a fresh database."""
     return make_aggregator().start()
+
+
+@pytest.fixture
+def outbox(tmp_path: Path) -> Iterator[Outbox]:
+    """An outbox in the test's own directory, closed afterwards."""
+    box = Outbox(tmp_path)
+    yield box
+    box.close()

@@ -19,7 +19,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -105,13 +104,6 @@ def report(number: int) -> dict[str, Any]:
         "payload": {"value": number % 4},
         "time": "2024-05-01T12:00:00Z",
     }
-
-
-@pytest.fixture
-def outbox(tmp_path: Path) -> Iterator[Outbox]:
-    box = Outbox(tmp_path)
-    yield box
-    box.close()
 
 
 @pytest.fixture

@@ -100,13 +100,6 @@ def report(number: int) -> dict[str, Any]:
 
 
 @pytest.fixture
-def outbox(tmp_path: Path) -> Iterator[Outbox]:
-    box = Outbox(tmp_path)
-    yield box
-    box.close()
-
-
-@pytest.fixture
 def start(outbox: Outbox) -> Iterator[Callable[..., tuple[Uploader, Script]]]:
     """Start an uploader on ``outbox`` against scripted answers; stopped afterwards."""
     started: list[Uploader] = []
