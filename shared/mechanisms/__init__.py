@@ -10,7 +10,7 @@ and a mechanism class, registered with ``@register`` (``shared.mechanisms.regist
 lowest-variance categorical mechanism for the spec's (epsilon, d). What a caller may do
 with a mechanism beyond encoding and aggregating is asked of it as an ability
 (``shared.mechanisms.abilities``: ``categorical``, ``numeric``, ``candidate_queries``,
-``discovery``, ``memoized``), and per-device state reaches ``encode`` as one
+``discovery``, ``distribution``, ``memoized``), and per-device state reaches ``encode`` as one
 ``DeviceContext``. A new mechanism is a new module and one line in ``PLUGINS``.
 """
 
@@ -24,11 +24,13 @@ from shared.mechanisms.abilities import (
     CategoricalValues,
     DeviceContext,
     Discovery,
+    DistributionValues,
     Memoized,
     NumericValues,
     as_candidate_queries,
     as_categorical,
     as_discovery,
+    as_distribution,
     as_memoized,
     as_numeric,
 )
@@ -51,6 +53,7 @@ __all__ = [
     "CategoricalValues",
     "DeviceContext",
     "Discovery",
+    "DistributionValues",
     "Mechanism",
     "MechanismSpec",
     "Memoized",
@@ -58,6 +61,7 @@ __all__ = [
     "as_candidate_queries",
     "as_categorical",
     "as_discovery",
+    "as_distribution",
     "make_mechanism",
     "as_memoized",
     "as_numeric",

@@ -13,6 +13,8 @@ testing for a class:
   fast path (``simulate_statistics``) are available.
 * ``NumericValues``: values are reals clipped to [lower, upper]; ``estimate(stats)``
   gives a mean (``MeanEstimate``).
+* ``DistributionValues``: values are reals clipped to [lower, upper], estimated as a
+  distribution over buckets (``DistributionEstimate``: histogram, CDF, quantiles, ranges).
 * ``CandidateQueries``: values are strings, estimated against candidate strings the
   analyst names (``estimate(stats, candidates)``).
 * ``Discovery``: the most frequent strings found without candidates (``heavy_hitters``).
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 
+from shared.distributions import DistributionEstimate
 from shared.estimates import Estimate, HeavyHitters, MeanEstimate
 from shared.memo import Memo
 from shared.statistics import CountStatistics, MomentStatistics
@@ -110,6 +113,26 @@ class NumericValues(Protocol):
 
 
 @runtime_checkable
+class DistributionValues(Protocol):
+    """Values are reals clipped to [lower, upper], estimated as their distribution over the
+    spec's buckets (``shared.mechanisms.spec.DistributionSpec``)."""
+
+    lower: float
+    upper: float
+
+    def edges(self) -> np.ndarray:
+        """The D + 1 bucket edges in value units."""
+        ...
+
+    def estimate(self, stats: CountStatistics) -> DistributionEstimate: ...
+
+    def simulate_statistics(self, buckets: np.ndarray, rng: np.random.Generator) -> CountStatistics:
+        """The statistics of ``buckets[b]`` devices with a value in bucket b reporting once
+        each, drawn from their law (the simulation fast path; a seeded Generator only)."""
+        ...
+
+
+@runtime_checkable
 class CandidateQueries(Protocol):
     """Values are strings, estimated for the candidate strings an analyst names."""
 
@@ -168,6 +191,12 @@ def as_categorical(mechanism: Mechanism[Any]) -> CategoricalValues | None:
 def as_numeric(mechanism: Mechanism[Any]) -> NumericValues | None:
     """``mechanism`` as ``NumericValues``, or None when its values are not numbers."""
     return cast(NumericValues, mechanism) if _provided(mechanism, NumericValues) else None
+
+
+def as_distribution(mechanism: Mechanism[Any]) -> DistributionValues | None:
+    """``mechanism`` as ``DistributionValues``, or None when it does not estimate a
+    distribution."""
+    return cast(DistributionValues, mechanism) if _provided(mechanism, DistributionValues) else None
 
 
 def as_candidate_queries(mechanism: Mechanism[Any]) -> CandidateQueries | None:

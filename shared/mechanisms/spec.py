@@ -33,6 +33,7 @@ import math
 import typing
 from typing import Annotated, Any, ClassVar, Literal, TypeAlias, Union
 
+import numpy as np
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -43,8 +44,10 @@ from pydantic import (
     model_validator,
 )
 
-#: What a mechanism's ``encode`` takes: category indices, real numbers, or strings.
-ValueKind: TypeAlias = Literal["categorical", "numeric", "string"]
+#: What a mechanism's values are and what is estimated of them: category indices
+#: (frequencies), real numbers (a mean), strings (frequencies of strings), or real numbers
+#: estimated as a distribution (histogram, CDF, quantiles).
+ValueKind: TypeAlias = Literal["categorical", "numeric", "string", "distribution"]
 
 #: Largest epsilon a spec may carry. Beyond it local noise is negligible and
 #: e^epsilon-sized parameters (OLH's bucket count) stop fitting in 64 bits.
@@ -57,6 +60,8 @@ MIN_EPSILON = 1e-3
 MAX_DOMAIN_SIZE = 1 << 20
 #: Largest grid of the numeric mechanisms that round their input.
 MAX_GRID_STEPS = 1 << 16
+#: Most buckets of a distribution metric: an estimate lists every bucket and edge.
+MAX_BUCKETS = 4096
 
 #: A privacy budget: finite, in [MIN_EPSILON, MAX_EPSILON].
 Epsilon = Annotated[
@@ -219,21 +224,26 @@ class CategoricalSpec(MechanismSpec):
     )
 
 
-class NumericSpec(MechanismSpec):
-    """A mechanism over reals clipped to [lower, upper]."""
-
-    kind: ClassVar[ValueKind] = "numeric"
+class BoundedSpec(MechanismSpec):
+    """A mechanism over reals clipped to [lower, upper] (the numeric and distribution
+    families)."""
 
     lower: float = Field(allow_inf_nan=False, description="Clipping lower bound.")
     upper: float = Field(allow_inf_nan=False, description="Clipping upper bound.")
 
     @model_validator(mode="after")
-    def _range_is_usable(self) -> NumericSpec:
+    def _range_is_usable(self) -> BoundedSpec:
         if not self.lower < self.upper:
             raise ValueError(f"lower must be < upper, got lower={self.lower}, upper={self.upper}")
         if not math.isfinite(self.upper - self.lower):
             raise ValueError("upper - lower must be finite")
         return self
+
+
+class NumericSpec(BoundedSpec):
+    """A mechanism over reals clipped to [lower, upper], estimated as a mean."""
+
+    kind: ClassVar[ValueKind] = "numeric"
 
 
 class GridNumericSpec(NumericSpec):
@@ -246,6 +256,79 @@ class GridNumericSpec(NumericSpec):
         le=MAX_GRID_STEPS,
         description="Grid intervals the clipped range [lower, upper] is rounded to.",
     )
+
+
+#: How a distribution's range is cut into buckets: equal widths, or equal ratios.
+Scale: TypeAlias = Literal["linear", "log"]
+
+
+class DistributionSpec(BoundedSpec):
+    """A mechanism over reals clipped to [lower, upper], estimated as a distribution over
+    ``buckets`` buckets: equal widths (``scale = "linear"``) or equal ratios (``"log"``,
+    for latencies and sizes; it needs lower > 0). Edge k of D = ``buckets`` is
+
+        linear: lower + (upper - lower) k / D,      log: lower (upper / lower)^(k / D),
+
+    and a value x lies in bucket b when edge b <= clip(x) < edge b + 1 (the last bucket also
+    holds ``upper``). A subclass fills in its default ``buckets``; ``scale`` defaults to
+    linear, so that the published spec states both.
+    """
+
+    kind: ClassVar[ValueKind] = "distribution"
+
+    buckets: int | None = Field(
+        default=None,
+        ge=2,
+        le=MAX_BUCKETS,
+        description="Buckets the range [lower, upper] is cut into (the histogram's resolution).",
+    )
+    scale: Scale | None = Field(
+        default=None,
+        description="'linear' (equal widths, the default) or 'log' (equal ratios; lower > 0).",
+    )
+
+    @model_validator(mode="after")
+    def _scale_fits_the_range(self) -> DistributionSpec:
+        if self.scale is None:
+            fill_in(self, "scale", "linear")
+        if self.scale == "log" and not self.lower > 0:
+            raise ValueError(f"scale 'log' needs lower > 0, got lower={self.lower}")
+        if self.scale == "log" and not math.isfinite(math.log(self.upper / self.lower)):
+            raise ValueError("scale 'log' needs a finite upper / lower")
+        return self
+
+    @property
+    def bucket_count(self) -> int:
+        """D, the number of buckets (filled in by every registered model)."""
+        assert self.buckets is not None, "a distribution spec model fills in its buckets"
+        return self.buckets
+
+    def edges(self) -> np.ndarray:
+        """The D + 1 bucket edges, lower first and upper last (float64)."""
+        position = np.arange(self.bucket_count + 1, dtype=np.float64) / self.bucket_count
+        if self.scale == "log":
+            edges = self.lower * np.exp(position * math.log(self.upper / self.lower))
+        else:
+            edges = self.lower + position * (self.upper - self.lower)
+        edges[0], edges[-1] = self.lower, self.upper
+        return edges
+
+    def bucket_of(self, values: object) -> np.ndarray:
+        """The bucket (int64, 0..D-1) of each value after clipping to [lower, upper];
+        ValueError for NaN or an array that is not one-dimensional."""
+        array = np.asarray(values, dtype=np.float64)
+        if array.ndim != 1:
+            raise ValueError(f"values must be a one-dimensional array, got shape {array.shape}")
+        bad = np.flatnonzero(np.isnan(array))
+        if bad.size:
+            raise ValueError(f"value at position {bad[0]} is NaN; numeric values must be numbers")
+        clipped = np.clip(array, self.lower, self.upper)
+        if self.scale == "log":
+            position = np.log(clipped / self.lower) / math.log(self.upper / self.lower)
+        else:
+            position = (clipped - self.lower) / (self.upper - self.lower)
+        buckets = np.floor(position * self.bucket_count).astype(np.int64)
+        return np.clip(buckets, 0, self.bucket_count - 1)
 
 
 def fill_in(spec: MechanismSpec, field: str, value: object) -> None:
