@@ -17,7 +17,7 @@ Everything published derives from those two (``DistributionEstimate``):
   terms: the central limit theorem applies);
 * a valid distribution over the buckets (``postprocessed``, non-negative and summing to 1),
   biased, from the mechanism: the weighted isotonic regression of the CDF estimates
-  (``monotone_shares``) or a reconstruction of the mechanism's own (``sw``: EMS);
+  (``monotone_fractions``) or a reconstruction of the mechanism's own (``sw``: EMS);
 * quantiles. The q-quantile Q lies in bucket b when F_b < q <= F_{b+1}. Its point estimate
   is where the post-processed CDF P crosses q: the first bucket b with P_{b+1} >= q, at
   the fraction (q - P_b) / (P_{b+1} - P_b) of its width (equal widths on a linear scale,
@@ -58,7 +58,7 @@ class Quantile:
 
 
 @dataclass(frozen=True)
-class RangeShare:
+class RangeFraction:
     """The share of values in [low, high), whole buckets: ``requested_low`` and
     ``requested_high`` snapped to the nearest edges ``low`` and ``high``."""
 
@@ -66,13 +66,13 @@ class RangeShare:
     requested_high: float
     low: float
     high: float
-    share: float
+    fraction: float
     std: float
     ci_low: float
     ci_high: float
 
 
-def monotone_shares(cdf: np.ndarray, variance: np.ndarray) -> np.ndarray:
+def monotone_fractions(cdf: np.ndarray, variance: np.ndarray) -> np.ndarray:
     """Bucket shares whose CDF is the weighted isotonic regression of ``cdf`` (weights
     1 / variance) with its ends held at 0 and 1, clipped to [0, 1]: a valid distribution.
 
@@ -137,7 +137,7 @@ class DistributionEstimate:
     def cdf_std(self) -> np.ndarray:
         return np.sqrt(self.cdf_variance())
 
-    def shares(self) -> np.ndarray:
+    def fractions(self) -> np.ndarray:
         """Unbiased bucket shares x^_b = F^_{b+1} - F^_b (may be negative)."""
         return np.diff(self.cdf)
 
@@ -145,7 +145,7 @@ class DistributionEstimate:
         """std of F^_high - F^_low for arrays of edge indices low <= high."""
         return np.sqrt(np.maximum(self.range_variance(np.asarray(low), np.asarray(high)), 0.0))
 
-    def share_std(self) -> np.ndarray:
+    def fraction_std(self) -> np.ndarray:
         """std of every bucket's unbiased share."""
         every = np.arange(self.buckets)
         return self.between_std(every, every + 1)
@@ -203,7 +203,7 @@ class DistributionEstimate:
             distance = np.abs(self.edges - clipped)
         return int(np.argmin(distance))
 
-    def range_share(self, low: float, high: float, confidence: float = 0.95) -> RangeShare:
+    def range_fraction(self, low: float, high: float, confidence: float = 0.95) -> RangeFraction:
         """The share of values in [low, high), snapped to whole buckets, with its interval;
         ValueError when low >= high or both snap to the same edge."""
         if not (math.isfinite(low) and math.isfinite(high)) or not low < high:
@@ -214,16 +214,16 @@ class DistributionEstimate:
                 f"the range {low:g}..{high:g} is narrower than one bucket: both ends snap to "
                 f"the edge {self.edges[first]:g}; the buckets' edges are listed in the histogram"
             )
-        share = float(self.cdf[last] - self.cdf[first])
+        fraction = float(self.cdf[last] - self.cdf[first])
         std = float(self.between_std(np.array([first]), np.array([last]))[0])
         half = z_value(confidence) * std
-        return RangeShare(
+        return RangeFraction(
             requested_low=low,
             requested_high=high,
             low=float(self.edges[first]),
             high=float(self.edges[last]),
-            share=share,
+            fraction=fraction,
             std=std,
-            ci_low=share - half,
-            ci_high=share + half,
+            ci_low=fraction - half,
+            ci_high=fraction + half,
         )
