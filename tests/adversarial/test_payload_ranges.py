@@ -88,6 +88,8 @@ SPECS: dict[str, dict[str, Any]] = {
     "grr": {"mechanism": "grr", "epsilon": 1.0, "domain_size": 5},
     "hr": {"mechanism": "hr", "epsilon": 1.0, "domain_size": 6},  # K = 8 outputs
     "olh": {"mechanism": "olh", "epsilon": 1.0, "domain_size": 10},  # P = 11, g = 4
+    # levels 1 (4 nodes, GRR) and 2 (16 nodes, OLH: P = 17, g = 4)
+    "hh": {"mechanism": "hh", "epsilon": 1.0, "lower": 0, "upper": 1, "buckets": 16},
     "oue": {"mechanism": "oue", "epsilon": 1.0, "domain_size": 10},  # 2 bytes, 6 padding bits
     "sue": {"mechanism": "sue", "epsilon": 1.0, "domain_size": 16},  # 2 bytes, no padding
     "duchi": {"mechanism": "duchi", "epsilon": 1.0, "lower": 0.0, "upper": 1.0},
@@ -145,6 +147,22 @@ RANGE_CASES: list[tuple[str, list[dict[str, Any]], list[tuple[dict[str, Any], st
             ({"a": 1, "b": 11, "value": 0}, r"report 0: b = 11 is outside 0\.\.10"),
             ({"a": 1, "b": -1, "value": 0}, r"report 0: b = -1 is outside 0\.\.10"),
             ({"a": 1, "b": 0, "value": 4}, r"report 0: value = 4 is outside 0\.\.3"),
+        ],
+    ),
+    (
+        "hh",
+        [
+            {"level": 1, "a": 0, "b": 0, "value": 0},
+            {"level": 1, "a": 0, "b": 0, "value": 3},
+            {"level": 2, "a": 16, "b": 16, "value": 3},
+        ],
+        [
+            ({"level": 0, "a": 0, "b": 0, "value": 0}, r"report 0: level = 0 is outside 1\.\.2"),
+            ({"level": 3, "a": 0, "b": 0, "value": 0}, r"report 0: level = 3 is outside 1\.\.2"),
+            ({"level": 1, "a": 1, "b": 0, "value": 0}, r"report 0: a = 1 is outside 0\.\.0"),
+            ({"level": 1, "a": 0, "b": 0, "value": 4}, r"report 0: value = 4 is outside 0\.\.3"),
+            ({"level": 2, "a": 0, "b": 0, "value": 0}, r"report 0: a = 0 is outside 1\.\.16"),
+            ({"level": 2, "a": 1, "b": 17, "value": 0}, r"report 0: b = 17 is outside 0\.\.16"),
         ],
     ),
     (

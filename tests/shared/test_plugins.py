@@ -33,6 +33,7 @@ from shared.mechanisms import (
     as_candidate_queries,
     as_categorical,
     as_discovery,
+    as_distribution,
     as_memoized,
     as_numeric,
     make_mechanism,
@@ -50,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: One valid spec per wire name.
 SPECS: dict[str, dict[str, Any]] = {
+    "hh": {"epsilon": 1.0, "lower": 0.0, "upper": 10.0, "buckets": 64, "branching": 4},
     "grr": {"epsilon": 1.0, "domain_size": 4},
     "sue": {"epsilon": 1.0, "domain_size": 4},
     "oue": {"epsilon": 1.0, "domain_size": 4},
@@ -74,6 +76,7 @@ SPECS: dict[str, dict[str, Any]] = {
 VALUES: dict[str, Any] = {
     "categorical": np.array([0, 3, 1]),
     "numeric": np.array([0.5, 9.0, 4.2]),
+    "distribution": np.array([0.5, 9.0, 4.2]),
     "string": ["ab", "c", "ab"],
 }
 CONTEXT = DeviceContext(secrets=[bytes([i]) * 32 for i in range(3)])
@@ -111,6 +114,7 @@ def test_exactly_one_kind_of_value_each(name: str) -> None:
     kinds = {
         "categorical": as_categorical(mech) is not None,
         "numeric": as_numeric(mech) is not None,
+        "distribution": as_distribution(mech) is not None,
         "string": as_candidate_queries(mech) is not None,
     }
     assert [kind for kind, has in kinds.items() if has] == [mech.kind]

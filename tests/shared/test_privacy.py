@@ -65,6 +65,11 @@ NUMERIC_EXTRAS: dict[str, tuple[dict[str, Any], ...]] = {
     "laplace": ({"grid_steps": 4}, {"grid_steps": 8}, {"grid_steps": 16}),
     "piecewise": ({"grid_steps": 1}, {"grid_steps": 5}, {"grid_steps": 16}, {}),
     "onebitmean": ({"grid_steps": 1}, {"grid_steps": 5}, {"flip_probability": 0.2}, {}),
+    "hh": (
+        {"buckets": 4, "branching": 2},
+        {"buckets": 8, "branching": 2},
+        {"buckets": 9, "branching": 3},
+    ),
 }
 #: Extra spec fields per categorical mechanism.
 CATEGORICAL_EXTRAS: dict[str, tuple[dict[str, Any], ...]] = {
@@ -206,7 +211,12 @@ def delivered_epsilon(mech: Any) -> float:
 def row_totals(mech: Any, matrix: np.ndarray) -> np.ndarray:
     """Total probability of each row, accounting for outputs the matrix leaves out."""
     name = mech.name
-    if mech.spec.kind in ("categorical", "string") or name in ("duchi", "piecewise", "onebitmean"):
+    if mech.spec.kind in ("categorical", "string") or name in (
+        "duchi",
+        "piecewise",
+        "onebitmean",
+        "hh",
+    ):
         return matrix.sum(axis=1)
     if name == "laplace":
         # Columns are m = -1..K+1. Both mixture components are centred in 0..K, so below

@@ -47,6 +47,11 @@ NAMES = (*sorted(MECHANISMS), "auto")
 CATEGORICAL_NAMES = tuple(name for name in NAMES if name in CATEGORICAL_MECHANISMS)
 NUMERIC_NAMES = tuple(name for name in NAMES if name in NUMERIC_MECHANISMS)
 STRING_NAMES = tuple(name for name in NAMES if name in STRING_MECHANISMS)
+DISTRIBUTION_NAMES = tuple(
+    name for name in NAMES if name != "auto" and spec_models()[name].kind == "distribution"
+)
+#: Mechanisms whose values are real numbers (estimated as a mean or as a distribution).
+REAL_NAMES = NUMERIC_NAMES + DISTRIBUTION_NAMES
 #: RAPPOR parameters (k, h, m, f, p, q) for the string mechanisms: one bit, padding bits,
 #: one cohort, no PRR, 16 hashes, more than 128 bits.
 STRING_CONFIGS = (
@@ -201,8 +206,10 @@ def names_position(message: str, position: int) -> bool:
 def test_registry_names() -> None:
     """The parametrization below covers exactly the registry plus ``auto``."""
     assert set(NAMES) == set(MECHANISMS) | {"auto"}
-    assert set(CATEGORICAL_NAMES) | set(NUMERIC_NAMES) | set(STRING_NAMES) == set(NAMES)
-    assert CATEGORICAL_NAMES and NUMERIC_NAMES and STRING_NAMES
+    kinds = (CATEGORICAL_NAMES, NUMERIC_NAMES, STRING_NAMES, DISTRIBUTION_NAMES)
+    assert set().union(*kinds) == set(NAMES)
+    assert sum(len(names) for names in kinds) == len(NAMES)
+    assert all(kinds)
 
 
 # ---------------------------------------------------------------------------------------
@@ -465,6 +472,20 @@ def out_of_range_updates(mech: Mechanism[Any]) -> list[dict[str, Any]]:
         return [{"value": 0}, {"value": 2}, {"value": -2}]
     if name == "onebitmean":  # a bit
         return [{"value": -1}, {"value": 2}, {"value": 2**40}]
+    if name == "hh":  # (level, a, b, value): level 1..h; a = b = 0 at a GRR level
+        height = mech.height  # type: ignore[attr-defined]
+        grr_level = next(
+            level
+            for level in range(1, height + 1)
+            if not mech.uses_hash(level)  # type: ignore[attr-defined]
+        )
+        return [
+            {"level": 0},
+            {"level": height + 1},
+            {"level": grr_level, "a": 1, "b": 0, "value": 0},
+            {"level": grr_level, "a": 0, "b": 0, "value": -1},
+            {"level": 1, "value": 2**40},
+        ]
     if name == "piecewise":  # cell indices 0..M-1
         cells = mech.cells  # type: ignore[attr-defined]
         return [{"value": cells}, {"value": -1}, {"value": 2**40}]
@@ -543,7 +564,7 @@ def test_non_integer_category_error_names_the_value(name: str, bad: float) -> No
     assert str(bad) in str(info.value).lower(), str(info.value)
 
 
-@pytest.mark.parametrize("name", NUMERIC_NAMES)
+@pytest.mark.parametrize("name", REAL_NAMES)
 @given(data=st.data())
 @FAST
 def test_encode_rejects_nan(name: str, data: st.DataObject) -> None:
@@ -567,7 +588,7 @@ def test_encode_rejects_arrays_that_are_not_one_dimensional(
     assert str(shape) in str(info.value), str(info.value)
 
 
-@pytest.mark.parametrize("name", NUMERIC_NAMES)
+@pytest.mark.parametrize("name", REAL_NAMES)
 @given(data=st.data())
 @FAST
 def test_numeric_values_are_clipped_to_the_range(name: str, data: st.DataObject) -> None:
@@ -579,9 +600,14 @@ def test_numeric_values_are_clipped_to_the_range(name: str, data: st.DataObject)
     clipped = encode(mech, np.clip(values, LOWER, UPPER), seed)
     np.testing.assert_array_equal(reports, clipped)
     assert mech.aggregate(reports) == mech.aggregate(clipped)
-    mean = mech.estimate(mech.aggregate(reports))
-    assert math.isfinite(mean.mean) and math.isfinite(mean.std)
-    assert LOWER <= mean.postprocessed() <= UPPER
+    estimate = mech.estimate(mech.aggregate(reports))
+    if name in DISTRIBUTION_NAMES:
+        assert np.all(np.isfinite(estimate.cdf)) and np.all(np.isfinite(estimate.cdf_std()))
+        for quantile in estimate.quantiles([0.5, 0.95]):
+            assert LOWER <= quantile.ci_low <= quantile.value <= quantile.ci_high <= UPPER
+        return
+    assert math.isfinite(estimate.mean) and math.isfinite(estimate.std)
+    assert LOWER <= estimate.postprocessed() <= UPPER
 
 
 @pytest.mark.parametrize("name", NAMES)
