@@ -145,7 +145,7 @@ class IndexReports:
     payload_schema: ClassVar[dict[str, Any]] = payload_shape(
         "IndexPayload",
         "grr, lgrr, hr: the reported category; laplace: the grid index; duchi: +1/-1; "
-        "piecewise: the cell index; onebitmean: the bit, 0 or 1.",
+        "piecewise, sw: the cell index; onebitmean: the bit, 0 or 1.",
         value=INTEGER,
     )
 

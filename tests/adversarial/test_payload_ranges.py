@@ -90,6 +90,7 @@ SPECS: dict[str, dict[str, Any]] = {
     "olh": {"mechanism": "olh", "epsilon": 1.0, "domain_size": 10},  # P = 11, g = 4
     # levels 1 (4 nodes, GRR) and 2 (16 nodes, OLH: P = 17, g = 4)
     "hh": {"mechanism": "hh", "epsilon": 1.0, "lower": 0, "upper": 1, "buckets": 16},
+    "sw": {"mechanism": "sw", "epsilon": 1.0, "lower": 0, "upper": 1, "buckets": 16},
     "oue": {"mechanism": "oue", "epsilon": 1.0, "domain_size": 10},  # 2 bytes, 6 padding bits
     "sue": {"mechanism": "sue", "epsilon": 1.0, "domain_size": 16},  # 2 bytes, no padding
     "duchi": {"mechanism": "duchi", "epsilon": 1.0, "lower": 0.0, "upper": 1.0},
@@ -163,6 +164,14 @@ RANGE_CASES: list[tuple[str, list[dict[str, Any]], list[tuple[dict[str, Any], st
             ({"level": 1, "a": 0, "b": 0, "value": 4}, r"report 0: value = 4 is outside 0\.\.3"),
             ({"level": 2, "a": 0, "b": 0, "value": 0}, r"report 0: a = 0 is outside 1\.\.16"),
             ({"level": 2, "a": 1, "b": 17, "value": 0}, r"report 0: b = 17 is outside 0\.\.16"),
+        ],
+    ),
+    (
+        "sw",
+        [{"value": 0}, {"value": 22}],
+        [
+            ({"value": 23}, r"report 0: cell index 23 is outside 0\.\.22"),
+            ({"value": -1}, r"report 0: cell index -1 is outside 0\.\.22"),
         ],
     ),
     (

@@ -70,6 +70,7 @@ NUMERIC_EXTRAS: dict[str, tuple[dict[str, Any], ...]] = {
         {"buckets": 8, "branching": 2},
         {"buckets": 9, "branching": 3},
     ),
+    "sw": ({"buckets": 2}, {"buckets": 5}, {"buckets": 16}),
 }
 #: Extra spec fields per categorical mechanism.
 CATEGORICAL_EXTRAS: dict[str, tuple[dict[str, Any], ...]] = {
@@ -211,12 +212,8 @@ def delivered_epsilon(mech: Any) -> float:
 def row_totals(mech: Any, matrix: np.ndarray) -> np.ndarray:
     """Total probability of each row, accounting for outputs the matrix leaves out."""
     name = mech.name
-    if mech.spec.kind in ("categorical", "string") or name in (
-        "duchi",
-        "piecewise",
-        "onebitmean",
-        "hh",
-    ):
+    finite = ("categorical", "string", "distribution")  # every output in the matrix
+    if mech.spec.kind in finite or name in ("duchi", "piecewise", "onebitmean"):
         return matrix.sum(axis=1)
     if name == "laplace":
         # Columns are m = -1..K+1. Both mixture components are centred in 0..K, so below

@@ -486,7 +486,7 @@ def out_of_range_updates(mech: Mechanism[Any]) -> list[dict[str, Any]]:
             {"level": grr_level, "a": 0, "b": 0, "value": -1},
             {"level": 1, "value": 2**40},
         ]
-    if name == "piecewise":  # cell indices 0..M-1
+    if name in ("piecewise", "sw"):  # cell indices 0..M-1
         cells = mech.cells  # type: ignore[attr-defined]
         return [{"value": cells}, {"value": -1}, {"value": 2**40}]
     raise AssertionError(f"add out-of-range payloads for the new mechanism {name!r}")
