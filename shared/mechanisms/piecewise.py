@@ -81,6 +81,7 @@ from shared.mechanisms.base import IndexReports
 from shared.mechanisms.numeric import NoiseVariance, NumericMechanism
 from shared.mechanisms.registry import register
 from shared.mechanisms.spec import GridNumericSpec
+from shared.mechanisms.window import check_cell_reports, draw_window_cells, window_ratio
 from shared.randomness import (
     BITS53,
     Rng,
@@ -168,7 +169,7 @@ class PiecewiseMechanism(IndexReports, NumericMechanism):
 
     def window_ratio(self, threshold: int) -> Fraction:
         """H / L = T (M - w) / ((2^53 - T) w) exactly, for P(window) = T / 2^53."""
-        return Fraction(threshold * (self.cells - self.window), (BITS53 - threshold) * self.window)
+        return window_ratio(threshold, self.window, self.cells - self.window)
 
     @property
     def effective_epsilon(self) -> float:
@@ -200,26 +201,10 @@ class PiecewiseMechanism(IndexReports, NumericMechanism):
         below = np.floor(position)
         index = below + source.bernoulli(position - below)
         index = np.minimum(index, self.grid_steps).astype(np.int64)
-        n = index.size
-        inside = source.bernoulli_below(self.threshold, n)
-        in_window = index + source.integers(self.window, n)
-        rest = source.integers(self.cells - self.window, n)
-        outside = np.where(rest < index, rest, rest + self.window)
-        return np.where(inside, in_window, outside)
+        return draw_window_cells(index, self.window, self.cells, self.threshold, source)
 
     def check_reports(self, reports: np.ndarray) -> np.ndarray:
-        array = np.asarray(reports)
-        if array.ndim != 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
-            raise ValueError(
-                f"piecewise reports must be a 1-d array of integer cell indices, got "
-                f"{array.dtype} of shape {array.shape}"
-            )
-        bad = np.flatnonzero((array < 0) | (array >= self.cells))
-        if bad.size:
-            raise ValueError(
-                f"report {bad[0]}: cell index {array[bad[0]]} is outside 0..{self.cells - 1}"
-            )
-        return array.astype(np.int64)
+        return check_cell_reports(reports, self.cells, self.name)
 
     def debias(self, reports: np.ndarray) -> np.ndarray:
         t_hat = (2 * reports.astype(np.float64) - (self.cells - 1)) / (self.beta * self.grid_steps)

@@ -128,9 +128,8 @@ from shared.mechanisms.base import IndexReports, Mechanism
 from shared.mechanisms.categorical import check_true_counts
 from shared.mechanisms.registry import register
 from shared.mechanisms.spec import DistributionSpec, fill_in
+from shared.mechanisms.window import check_cell_reports, draw_window_cells, window_ratio
 from shared.randomness import (
-    BITS53,
-    RandomSource,
     Rng,
     as_source,
     certified_threshold,
@@ -157,38 +156,6 @@ def bandwidth(epsilon: float) -> float:
 def window_size(epsilon: float, buckets: int) -> int:
     """w = clip(floor(2 b D + 1/2), 1, D): the window 2 b in cells of one bucket."""
     return min(buckets, max(1, math.floor(2 * bandwidth(epsilon) * buckets + 0.5)))
-
-
-def window_ratio(threshold: int, window: int, outside: int) -> Fraction:
-    """H / L = T (cells outside) / ((2^53 - T) w) exactly, for P(window) = T / 2^53."""
-    return Fraction(threshold * outside, (BITS53 - threshold) * window)
-
-
-def draw_window_cells(
-    index: np.ndarray, window: int, cells: int, threshold: int, source: RandomSource
-) -> np.ndarray:
-    """One cell per index i: with probability T / 2^53 uniform on [i, i + w), otherwise
-    uniform on the M - w cells outside (exact integer sampling)."""
-    n = index.size
-    inside = source.bernoulli_below(threshold, n)
-    in_window = index + source.integers(window, n)
-    rest = source.integers(cells - window, n)
-    outside = np.where(rest < index, rest, rest + window)
-    return np.where(inside, in_window, outside)
-
-
-def check_cell_reports(reports: np.ndarray, cells: int, name: str) -> np.ndarray:
-    """``reports`` as int64 cell indices in 0..cells-1, or ValueError naming the first bad."""
-    array = np.asarray(reports)
-    if array.ndim != 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
-        raise ValueError(
-            f"{name} reports must be a 1-d array of integer cell indices, got {array.dtype} "
-            f"of shape {array.shape}"
-        )
-    bad = np.flatnonzero((array < 0) | (array >= cells))
-    if bad.size:
-        raise ValueError(f"report {bad[0]}: cell index {array[bad[0]]} is outside 0..{cells - 1}")
-    return array.astype(np.int64)
 
 
 def class_sums(values: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
