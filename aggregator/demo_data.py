@@ -19,7 +19,10 @@ drawn from a fixed seed per metric:
   Zipf shares,
   ``P(v) = (v + 1)^-s / sum_u (u + 1)^-s`` with ``s = ZIPF_EXPONENT``;
 * numeric metrics on ``[lower, upper]``: ``lower + (upper - lower) B``,
-  ``B ~ Beta(2, 5)``, whose mean is ``lower + 2 (upper - lower) / 7``.
+  ``B ~ Beta(2, 5)``, whose mean is ``lower + 2 (upper - lower) / 7``;
+* distribution metrics (``hh``, ``sw``) the same on a linear scale, and on a log scale
+  ``lower (upper / lower)^B`` with ``B ~ Beta(2, 5)``: skewed in the log of the value, as
+  latencies are, so that the histogram spreads over the buckets of equal ratios.
 """
 
 from __future__ import annotations
@@ -34,7 +37,13 @@ import numpy as np
 
 from aggregator.ingest import utc_now
 from aggregator.service import Aggregator
-from shared.mechanisms import DeviceContext, Mechanism, as_categorical, as_numeric
+from shared.mechanisms import (
+    DeviceContext,
+    Mechanism,
+    as_categorical,
+    as_numeric,
+)
+from shared.mechanisms.spec import as_distribution_spec
 from shared.schemas import MetricSpec, Report, ReportBatch
 
 #: Hours back from the current one that receive reports (fewer if the service keeps
@@ -118,6 +127,11 @@ def simulated_values(metric: MetricSpec, mechanism: Mechanism[Any], n: int) -> n
     if (numbers := as_numeric(mechanism)) is not None:
         span = numbers.upper - numbers.lower
         return numbers.lower + span * population.beta(2.0, 5.0, size=n)
+    if (spec := as_distribution_spec(metric.mechanism)) is not None:
+        share = population.beta(2.0, 5.0, size=n)
+        if spec.scale == "log":
+            return np.asarray(spec.lower * (spec.upper / spec.lower) ** share)
+        return spec.lower + (spec.upper - spec.lower) * share
     return None
 
 

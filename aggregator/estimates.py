@@ -32,6 +32,18 @@ vector compactly encoded (``format=vectors``) on request. It says which it liste
 computed as numpy vectors over the whole domain (the simplex projection too); only what is
 listed becomes JSON.
 
+A distribution estimate (``hh``, ``sw``: ``DistributionEstimateOut``, from the mechanism's
+``DistributionEstimate``, ``shared.distributions``) lists every one of its D <= 4,096
+buckets (``histogram``) and D + 1 edges (``cdf``): the unbiased shares F^_{b+1} - F^_b and
+CDF values F^_k with their std and 95% normal intervals, beside the mechanism's
+post-processed valid distribution (biased, made by ``method``); the quantile levels the
+request asks for (``quantiles=``, default ``DEFAULT_QUANTILES``), each with its point where
+the post-processed CDF crosses q and its interval by test inversion of the CDF's pointwise
+one-sided bounds at the edges, in whole buckets; and the share of a range (``range=``)
+whose ends snap to the nearest edges. Every column is a numpy vector over the buckets,
+computed once (the mechanism's CDF variances are O(D log D) for ``hh``), so an estimate
+costs O(D) plus O(D) per quantile level, never O(D^2).
+
 A series (``GET /v1/metrics/{name}/series``, ``build_series``) is one estimate per time
 step on the UTC grid of the step (whole hours for ``1h``, UTC days for ``1d``): each
 step's estimate is the one the estimate endpoint publishes for that step's window,
@@ -46,7 +58,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -63,19 +75,22 @@ from aggregator.value_listing import (
     ValueView,
     encode_vector,
 )
+from shared.distributions import DistributionEstimate
 from shared.estimates import Estimate, MeanEstimate, StdMethod, z_value
 from shared.mechanisms import (
     Discovery,
     Mechanism,
     as_candidate_queries,
     as_categorical,
+    as_distribution,
     as_memoized,
     as_numeric,
     pem,
     sfp,
 )
 from shared.mechanisms.rappor_common import RapporEstimate
-from shared.schemas import MetricSpec
+from shared.mechanisms.spec import DistributionSpec, Scale, as_distribution_spec
+from shared.schemas import DISTRIBUTION_MECHANISMS, MetricSpec
 from shared.statistics import CountStatistics, MomentStatistics
 
 CONFIDENCE = 0.95
@@ -94,6 +109,10 @@ MAX_SERIES_STEPS = 2400
 #: estimate: categories twice, for the post-processed twin, candidate strings, or one
 #: mean), whatever the number of steps.
 MAX_SERIES_VALUES = 100_000
+#: The quantile levels a distribution estimate lists when the request names none.
+DEFAULT_QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99)
+#: Most quantile levels one request may ask for.
+MAX_QUANTILES = 32
 #: The Unix seconds a published time may take (years 1 to 9999).
 _FIRST_SECOND = int(datetime(1, 1, 1, tzinfo=UTC).timestamp())
 _LAST_SECOND = int(datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp())
@@ -169,6 +188,85 @@ class ReleasedBuckets:
             "suppressed_reports": self.suppressed_reports,
             "pending_reports": self.pending_reports,
         }
+
+
+@dataclass(frozen=True)
+class EstimateView(ValueView):
+    """What a request lists of an estimate: a categorical metric's categories
+    (``ValueView``), or a distribution metric's quantile levels and range.
+
+    ``quantiles``: the levels asked for, None when the request named none (then
+    ``DEFAULT_QUANTILES`` are listed); ``range``: (LOW, HIGH) in value units, or None.
+    Either one given for a metric that is not a distribution is refused (``check_view``).
+    """
+
+    quantiles: tuple[float, ...] | None = None
+    range: tuple[float, float] | None = None
+
+    @property
+    def categories(self) -> ValueView:
+        """The categorical part alone."""
+        return ValueView(self.values, self.order, self.offset, self.limit, self.format)
+
+    @property
+    def is_default(self) -> bool:
+        """Whether the request chose no categories (quantiles and range aside)."""
+        return self.categories.is_default
+
+    @property
+    def asks_distribution(self) -> bool:
+        """Whether the request named quantile levels or a range."""
+        return self.quantiles is not None or self.range is not None
+
+    @property
+    def levels(self) -> tuple[float, ...]:
+        """The quantile levels a distribution estimate lists."""
+        return DEFAULT_QUANTILES if self.quantiles is None else self.quantiles
+
+
+def as_estimate_view(view: ValueView) -> EstimateView:
+    """``view`` as an ``EstimateView`` (a plain ``ValueView`` asks no quantiles or range)."""
+    if isinstance(view, EstimateView):
+        return view
+    return EstimateView(view.values, view.order, view.offset, view.limit, view.format)
+
+
+def parse_quantiles(text: str) -> tuple[float, ...]:
+    """The levels of ``quantiles=0.5,0.95``: 1..``MAX_QUANTILES`` distinct numbers, each
+    strictly between 0 and 1, in the order given; ValueError saying what is wrong."""
+    items = [item.strip() for item in text.split(",")]
+    if len(items) > MAX_QUANTILES:
+        raise ValueError(f"at most {MAX_QUANTILES} quantile levels, got {len(items)}")
+    levels: list[float] = []
+    for item in items:
+        level = _number(item, "quantile level", "0.5,0.95")
+        if not 0.0 < level < 1.0:
+            raise ValueError(f"each quantile level must lie strictly between 0 and 1, got {item}")
+        if level in levels:
+            raise ValueError(f"the quantile level {item} is listed twice")
+        levels.append(level)
+    return tuple(levels)
+
+
+def parse_range(text: str) -> tuple[float, float]:
+    """(LOW, HIGH) of ``range=LOW,HIGH``: two finite numbers, LOW < HIGH; ValueError saying
+    what is wrong. (That they span a bucket is checked against the metric: ``check_view``.)"""
+    items = [item.strip() for item in text.split(",")]
+    if len(items) != 2:
+        raise ValueError(f"a range is LOW,HIGH (two numbers), got {text!r}")
+    low, high = (_number(item, "range end", "10,250") for item in items)
+    if not math.isfinite(low) or not math.isfinite(high):
+        raise ValueError(f"a range's ends must be finite, got {text}")
+    if not low < high:
+        raise ValueError(f"a range needs LOW < HIGH, got {low:g},{high:g}")
+    return low, high
+
+
+def _number(item: str, what: str, example: str) -> float:
+    try:
+        return float(item)
+    except ValueError:
+        raise ValueError(f"the {what} {item!r} is not a number (e.g. {example})") from None
 
 
 def merged_statistics(
@@ -480,7 +578,110 @@ class HeavyHittersOut(EstimateBase):
     )
 
 
-EstimateOut = CategoricalEstimateOut | NumericEstimateOut | StringEstimateOut
+_INTERVAL = "The 95% normal interval (see confidence): estimate ± z std."
+_QUANTILE_METHOD = (
+    "point: where the post-processed CDF crosses q, interpolated within its bucket (by width "
+    "on a linear scale, by ratio on a log scale); interval: test inversion of the CDF's "
+    "pointwise one-sided bounds at the bucket edges, in whole buckets (a bucket is ruled out "
+    "when the lower bound of the CDF at its low edge is >= q, or the upper bound at its high "
+    "edge is < q; the interval is the hull of the buckets left), covering the quantile with "
+    "probability >= confidence to the normal approximation."
+)
+
+
+class HistogramItem(BaseModel):
+    low: float = Field(description="The bucket's lower edge (inclusive), in value units.")
+    high: float = Field(
+        description="The bucket's upper edge (exclusive; the last bucket also holds upper)."
+    )
+    fraction: float = Field(
+        description="Unbiased estimate of the share of values in the bucket, F^(high) - "
+        "F^(low); may be negative or above 1."
+    )
+    std: float = Field(description="Its standard error (from the mechanism's own law).")
+    ci_low: float = Field(description=_INTERVAL)
+    ci_high: float = Field(description=_INTERVAL)
+    postprocessed: float = Field(
+        description="The bucket's share in the post-processed valid distribution "
+        "(non-negative, summing to 1 over the buckets; made by method); biased."
+    )
+
+
+class CdfItem(BaseModel):
+    value: float = Field(description="A bucket edge, in value units (lower first, upper last).")
+    fraction: float = Field(
+        description="Unbiased estimate of the share of values below value, F^(value): exactly "
+        "0 at lower and 1 at upper."
+    )
+    std: float = Field(description="Its standard error (0 at lower and upper).")
+    ci_low: float = Field(description="Pointwise 95% interval: fraction - z std.")
+    ci_high: float = Field(description="Pointwise 95% interval: fraction + z std.")
+    postprocessed: float = Field(
+        description="The CDF of the post-processed distribution at value (non-decreasing); biased."
+    )
+
+
+class QuantileItem(BaseModel):
+    q: float = Field(description="The level, strictly between 0 and 1.")
+    value: float = Field(description="Point estimate of the q-quantile: " + _QUANTILE_METHOD)
+    ci_low: float = Field(description="The interval's low end, a bucket edge.")
+    ci_high: float = Field(description="The interval's high end, a bucket edge.")
+
+
+class RangeOut(BaseModel):
+    requested_low: float = Field(description="LOW as the request gave it.")
+    requested_high: float = Field(description="HIGH as the request gave it.")
+    low: float = Field(
+        description="LOW snapped to the nearest bucket edge (within [lower, upper])."
+    )
+    high: float = Field(description="HIGH snapped to the nearest bucket edge.")
+    fraction: float = Field(
+        description="Unbiased estimate of the share of values in [low, high): F^(high) - F^(low)."
+    )
+    std: float = Field(description="Its standard error (the mechanism's Var[F^(high) - F^(low)]).")
+    ci_low: float = Field(description=_INTERVAL)
+    ci_high: float = Field(description=_INTERVAL)
+
+
+class DistributionEstimateOut(EstimateBase):
+    """A distribution metric's (hh, sw) histogram, CDF, quantiles and range share."""
+
+    kind: Literal["distribution"] = "distribution"
+    lower: float = Field(description="Values are clipped to [lower, upper].")
+    upper: float
+    scale: Scale = Field(
+        description="How [lower, upper] is cut into buckets: 'linear' (equal widths) or 'log' "
+        "(equal ratios)."
+    )
+    value_buckets: int = Field(
+        description="D, the value buckets of the histogram (buckets counts time buckets)."
+    )
+    method: str = Field(
+        description="How the post-processed distribution was made from the unbiased one "
+        "(e.g. 'consistency+isotonic': weighted isotonic regression of the CDF)."
+    )
+    histogram: list[HistogramItem] = Field(
+        description="One item per value bucket, lowest first (D). Empty in a series: a series "
+        "carries the quantiles and range per step; ask the estimate endpoint for one step's "
+        "histogram."
+    )
+    cdf: list[CdfItem] = Field(
+        description="One item per bucket edge, lower first (D + 1). Empty in a series, as "
+        "histogram."
+    )
+    quantiles: list[QuantileItem] = Field(
+        description="The levels the request named (quantiles=), in its order, else "
+        f"{', '.join(f'{q:g}' for q in DEFAULT_QUANTILES)}. " + _QUANTILE_METHOD
+    )
+    range: RangeOut | None = Field(
+        description="The share of values in the request's range=LOW,HIGH, its ends snapped "
+        "to the nearest bucket edges; null without range=."
+    )
+
+
+EstimateOut = (
+    CategoricalEstimateOut | NumericEstimateOut | StringEstimateOut | DistributionEstimateOut
+)
 
 
 class SeriesStep(BaseModel):
@@ -507,7 +708,7 @@ class SeriesOut(BaseModel):
         "version never enter (pick one with version=; the default is the current one)."
     )
     mechanism: str
-    kind: Literal["categorical", "numeric", "string"] = Field(
+    kind: Literal["categorical", "numeric", "string", "distribution"] = Field(
         description="The kind of the steps' estimates (also for the steps with none)."
     )
     epsilon: float
@@ -527,11 +728,14 @@ def build_estimate(
     released: ReleasedBuckets,
     candidates: list[str] | None = None,
     view: ValueView = DEFAULT_VIEW,
+    value_buckets: bool = True,
 ) -> dict[str, object]:
     """The published estimate of ``stats``, the statistics of ``released.rows`` (JSON-ready,
     one of the ``*EstimateOut`` shapes, with every field of it: serialized as it is, it is
     the JSON its model gives); a categorical one lists the categories ``view`` chooses
-    (``Listing``). ValueError for a view that cannot be served."""
+    (``Listing``), a distribution the quantiles and range it names (``EstimateView``), and
+    its histogram and CDF unless ``value_buckets`` is False (a series step). ValueError for
+    a view that cannot be served."""
     check_view(metric, view)
     base = _base(metric, stats.n, window, released)
     if (strings := as_candidate_queries(mechanism)) is not None:
@@ -541,6 +745,10 @@ def build_estimate(
     if (numbers := as_numeric(mechanism)) is not None:
         assert isinstance(stats, MomentStatistics)  # numeric mechanisms keep moments
         return base | _mean_estimate(numbers.estimate(stats))
+    if (distribution := as_distribution(mechanism)) is not None:
+        assert isinstance(stats, CountStatistics)  # distribution mechanisms keep counts
+        shares = distribution.estimate(stats)
+        return base | _distribution_estimate(shares, as_estimate_view(view), value_buckets)
     categories = as_categorical(mechanism)
     assert categories is not None and isinstance(stats, CountStatistics)  # the last kind
     result = categories.estimate(stats)
@@ -576,6 +784,64 @@ def _mean_estimate(result: MeanEstimate) -> dict[str, object]:
         "upper": result.upper,
         "postprocessed_mean": result.postprocessed(),
     }
+
+
+def _distribution_estimate(
+    result: DistributionEstimate, view: EstimateView, value_buckets: bool
+) -> dict[str, object]:
+    """A distribution estimate's own fields (``DistributionEstimateOut``): the histogram and
+    CDF columns as vectors over the buckets (unless ``value_buckets`` is False), the
+    quantiles and range ``view`` names (``DistributionEstimate.quantiles``,
+    ``range_fraction``)."""
+    chosen = view.range
+    return {
+        "kind": "distribution",
+        "lower": float(result.edges[0]),
+        "upper": float(result.edges[-1]),
+        "scale": result.scale,
+        "value_buckets": result.buckets,
+        "method": result.method,
+        "histogram": _histogram_items(result) if value_buckets else [],
+        "cdf": _cdf_items(result) if value_buckets else [],
+        "quantiles": [asdict(item) for item in result.quantiles(view.levels, CONFIDENCE)],
+        "range": asdict(result.range_fraction(*chosen, CONFIDENCE)) if chosen else None,
+    }
+
+
+def _histogram_items(result: DistributionEstimate) -> list[dict[str, object]]:
+    """One ``HistogramItem`` per bucket: x^_b = F^_{b+1} - F^_b, its std, x^_b ± z std, and
+    the post-processed share."""
+    fractions, std = result.fractions(), result.fraction_std()
+    return _items(
+        ("low", "high", "fraction", "std", "ci_low", "ci_high", "postprocessed"),
+        result.edges[:-1],
+        result.edges[1:],
+        *_with_interval(fractions, std),
+        result.postprocessed,
+    )
+
+
+def _cdf_items(result: DistributionEstimate) -> list[dict[str, object]]:
+    """One ``CdfItem`` per edge: F^_k, its std, F^_k ± z std, and the post-processed CDF."""
+    return _items(
+        ("value", "fraction", "std", "ci_low", "ci_high", "postprocessed"),
+        result.edges,
+        *_with_interval(result.cdf, result.cdf_std()),
+        result.postprocessed_cdf(),
+    )
+
+
+def _with_interval(estimate: np.ndarray, std: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(estimate, std, estimate - z std, estimate + z std) at ``CONFIDENCE``."""
+    half = z_value(CONFIDENCE) * std
+    return estimate, std, estimate - half, estimate + half
+
+
+def _items(keys: Sequence[str], *columns: np.ndarray) -> list[dict[str, object]]:
+    """One object per row of the equally long ``columns``, named ``keys`` (only here do the
+    vectors become Python objects)."""
+    rows = zip(*(np.asarray(column, dtype=np.float64).tolist() for column in columns), strict=True)
+    return [dict(zip(keys, row, strict=True)) for row in rows]
 
 
 def _frequency_items(
@@ -632,13 +898,41 @@ def _vectors(result: Estimate, projected: np.ndarray, listing: Listing) -> dict[
 
 def check_view(metric: MetricSpec, view: ValueView) -> None:
     """ValueError unless ``view`` can be served for ``metric`` (``ValueView.check``; only a
-    categorical metric's categories can be chosen)."""
-    if metric.mechanism.kind != "categorical" and not view.is_default:
+    categorical metric's categories can be chosen, only a distribution's quantiles and
+    range, and the range must span at least one of its buckets)."""
+    kind = metric.mechanism.kind
+    if kind != "categorical" and not view.is_default:
         raise ValueError(
             "values, order, offset, limit and format choose categories of a categorical "
-            f"metric; {metric.name!r} is a {metric.mechanism.kind} metric"
+            f"metric; {metric.name!r} is a {kind} metric"
         )
+    asked = as_estimate_view(view)
+    spec = as_distribution_spec(metric.mechanism)
+    if asked.asks_distribution and spec is None:
+        names = ", ".join(sorted(DISTRIBUTION_MECHANISMS))
+        raise ValueError(
+            f"quantiles and range apply to distribution metrics ({names}); {metric.name!r} is "
+            f"a {kind} metric"
+        )
+    if asked.range is not None:
+        assert spec is not None  # refused above otherwise
+        _bucket_grid(spec).range_fraction(*asked.range)  # raises if too narrow
     view.check()
+
+
+def _bucket_grid(spec: DistributionSpec) -> DistributionEstimate:
+    """The spec's buckets as an estimate of no reports (uniform, no variance): how a range
+    snaps to the edges depends on them alone, so it is checked before any report is read."""
+    buckets = spec.bucket_count
+    return DistributionEstimate(
+        edges=spec.edges(),
+        scale=spec.scale or "linear",
+        n=0,
+        cdf=np.linspace(0.0, 1.0, buckets + 1),
+        range_variance=lambda low, high: np.zeros(np.shape(low)),
+        postprocessed=np.full(buckets, 1.0 / buckets),
+        method="none",
+    )
 
 
 def estimated_strings(metric: MetricSpec, candidates: list[str] | None) -> list[str]:
@@ -675,11 +969,11 @@ def series_strings(
     )
     values = series_values(mechanism, listed, view)
     if grid.count * values > MAX_SERIES_VALUES:
-        narrower = (
-            f"fewer categories (values=..., or limit=; each step lists {values // 2:,})"
-            if metric.mechanism.kind == "categorical"
-            else "fewer candidates"
-        )
+        narrower = {
+            "categorical": f"fewer categories (values=..., or limit=; each step lists "
+            f"{values // 2:,})",
+            "distribution": "fewer quantiles",
+        }.get(metric.mechanism.kind, "fewer candidates")
         raise ValueError(
             f"the series would hold {grid.count} step{'s' * (grid.count != 1)} x {values} "
             f"values = {grid.count * values:,}; at most {MAX_SERIES_VALUES:,}: choose a "
@@ -724,7 +1018,9 @@ def build_series(
         estimate = None
         if released.rows:
             stats = merged_statistics(mechanism, released.rows)
-            estimate = build_estimate(metric, mechanism, stats, window, released, strings, view)
+            estimate = build_estimate(
+                metric, mechanism, stats, window, released, strings, view, value_buckets=False
+            )
         steps.append({**window.as_json(), "n": totals[index], "estimate": estimate})
     return {
         "metric": metric.name,
@@ -745,11 +1041,15 @@ def series_values(
     mechanism: Mechanism[Any], candidates: list[str] | None, view: ValueView = DEFAULT_VIEW
 ) -> int:
     """How many values one step's estimate holds: the categories ``view`` lists (each with
-    its post-processed twin, so two per category), its candidate strings, or one mean."""
+    its post-processed twin, so two per category), its candidate strings, a distribution's
+    quantiles (and its range, one more), or one mean."""
     if candidates is not None:
         return len(candidates)
     if (categories := as_categorical(mechanism)) is not None:
         return 2 * view.listed_count(categories.domain_size)
+    if as_distribution(mechanism) is not None:
+        asked = as_estimate_view(view)
+        return len(asked.levels) + (asked.range is not None)
     return 1
 
 

@@ -84,6 +84,19 @@ DEMO_METRICS: dict[str, MetricDefinition] = {
         description="Session length in minutes, clipped to 0..120 (demo, numeric).",
         mechanism=_spec(mechanism="piecewise", epsilon=1.0, lower=0.0, upper=120.0),
     ),
+    "page.load_ms": MetricDefinition(
+        description="Page load time in ms, 1..10,000 on a log scale (demo, distribution, hh).",
+        unit="ms",
+        mechanism=_spec(
+            mechanism="hh",
+            epsilon=2.0,
+            lower=1.0,
+            upper=10_000.0,
+            buckets=256,
+            branching=4,
+            scale="log",
+        ),
+    ),
     "browser.home_page": MetricDefinition(
         description="Home page host (demo, RAPPOR strings decoded against candidates).",
         mechanism=_spec(

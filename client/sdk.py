@@ -82,6 +82,7 @@ from shared.mechanisms import (
     DeviceContext,
     Mechanism,
     as_categorical,
+    as_distribution,
     as_memoized,
     as_numeric,
     make_mechanism,
@@ -161,11 +162,14 @@ class TelemetryClient:
     # --- recording -------------------------------------------------------------------
 
     def record(self, metric: str, value: str | int | float | np.integer | np.floating) -> None:
-        """Report a category (its label, or its index) or a number for ``metric``."""
+        """Report a category (its label, or its index) or a number for ``metric``: a number
+        for a numeric metric (a mean) or a distribution metric (``hh``, ``sw``: histogram,
+        quantiles), clipped to the spec's [lower, upper] by the mechanism; each report is
+        charged ``epsilon`` to the ledger like any other."""
         spec, digest, mechanism = self._lookup(metric)
         if (categories := as_categorical(mechanism)) is not None:
             values = category_index(spec, categories.domain_size, value)
-        elif as_numeric(mechanism) is not None:
+        elif as_numeric(mechanism) is not None or as_distribution(mechanism) is not None:
             values = numeric_value(metric, value)
         else:
             raise SpecError(

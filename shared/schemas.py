@@ -73,6 +73,9 @@ CATEGORICAL_MECHANISMS: frozenset[str] = frozenset(
 NUMERIC_MECHANISMS: frozenset[str] = frozenset(
     name for name, model in _SPEC_MODELS.items() if model.kind == "numeric"
 )
+DISTRIBUTION_MECHANISMS: frozenset[str] = frozenset(
+    name for name, model in _SPEC_MODELS.items() if model.kind == "distribution"
+)
 STRING_MECHANISMS: frozenset[str] = frozenset(
     name for name, model in _SPEC_MODELS.items() if model.kind == "string"
 )
@@ -110,7 +113,8 @@ class MetricDefinition(BaseModel):
         default=None,
         description=(
             "Categorical metrics: the category names in index order (exactly domain_size of "
-            "them). RAPPOR: the candidate strings to decode against. Numeric: omit."
+            "them). RAPPOR: the candidate strings to decode against. Numeric and distribution: "
+            "omit."
         ),
     )
 
@@ -139,6 +143,11 @@ class MetricDefinition(BaseModel):
                 )
         elif kind == "numeric" and labels is not None:
             raise ValueError("labels: numeric metrics take no labels (their range is in the spec)")
+        elif kind == "distribution" and labels is not None:
+            raise ValueError(
+                "labels: distribution metrics take no labels (their range and buckets are in "
+                "the spec)"
+            )
         elif kind == "string" and labels is not None and len(labels) > MAX_CANDIDATES:
             raise ValueError(f"labels: at most {MAX_CANDIDATES} RAPPOR candidates")
         return self

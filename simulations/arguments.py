@@ -144,16 +144,17 @@ def run_options(
     seed_help: str = "seed of every random draw",
     seed_default: int | None = 0,
     out_help: str = "directory for the CSV, JSON and plot",
-    reps: tuple[int, str] | None = None,
+    reps: tuple[int | None, str] | None = None,
     dask: bool = False,
 ) -> argparse.ArgumentParser:
     """A parent parser of the options shared by the commands that run a simulation.
 
     Always ``--seed`` (``seed_default``, ``seed_help``), ``--out DIR`` (``out_help``: what
     the command writes there) and ``--quiet`` (no progress bar; the results still print).
-    With ``reps`` = (default, help): ``--reps``. With ``dask``: ``--workers`` (local Dask
-    workers, 1 runs in this process) and ``--scheduler`` (an existing cluster). The
-    options sit in a group of their own ("run options"), listed after the command's own.
+    With ``reps`` = (default, help): ``--reps`` (a None default: the command chooses).
+    With ``dask``: ``--workers`` (local Dask workers, 1 runs in this process) and
+    ``--scheduler`` (an existing cluster). The options sit in a group of their own
+    ("run options"), listed after the command's own.
     """
     parent = argparse.ArgumentParser(add_help=False)
     group = parent.add_argument_group(RUN_OPTIONS)

@@ -42,6 +42,15 @@ two short strings the mechanism hashes apart (p, q realized; tight: yes througho
 * ``duchi``, ``onebitmean``, upper against lower: the sign +1 (the bit 1). P = p', q'.
 * ``piecewise``, lower against upper: a cell of the lower end's window. P = p_in,
   (1 - p_in) w / K, w the window.
+* ``hh``, lower against upper (buckets 0 and D - 1, whose tree nodes differ at every
+  level: node 0 against node B^l - 1): at the report's level l, that level's oracle event
+  (GRR: the report is node 0; OLH: H(0) != H(B^l - 1) and y = H(0)). A level is drawn
+  with probability 1/h whatever the value, so P = the mean over the h levels of the
+  oracle's two probabilities (p, q; or (1 - c) p, (1 - c) o), whose ratio is the declared
+  e^eps when every level's is.
+* ``sw``, lower against upper (buckets 0 and D - 1, windows [0, w) and [D - 1, D + w - 1)
+  of the M = D + w - 1 cells): the cell is below min(w, D - 1), in the first window and
+  not in the last. P = min(w, D - 1) H, min(w, D - 1) L, H / L = e^eps (realized).
 * ``rappor``: in cohorts where the two strings' Bloom bits differ most (disjoint h bits
   each when k >= 2h), v0's bits all 1 and v1's all 0. P = (q* (1 - p*))^h,
   (p* (1 - q*))^h, times the share of such cohorts; tight when k >= 2h.
@@ -60,7 +69,7 @@ mechanisms                            report view                       lifetime
 ====================================  ================================  ====================
 grr, sue, oue, olh, hr, laplace,      tight                             (one-shot)
 duchi, piecewise, cms, hcms, pem,
-sfp
+sfp, hh, sw
 lgrr, lsue, loue, losue, onebitmean   tight                             tight as R grows
 dbitflip                              tight; P[S] ~ (s / d)^2, s >= 2    tight (R equal reports)
 rappor                                tight if k >= 2h; P[S] ~ p0^h     tight as R grows
@@ -86,6 +95,7 @@ from shared.hashing import SketchHash
 from shared.mechanisms.dbitflip import DBitFlip
 from shared.mechanisms.duchi import DuchiMean
 from shared.mechanisms.grr import GeneralizedRandomizedResponse
+from shared.mechanisms.hh import HierarchicalHistogram
 from shared.mechanisms.hr import HadamardResponse
 from shared.mechanisms.laplace import DiscreteLaplace
 from shared.mechanisms.lgrr import LongitudinalGRR
@@ -98,6 +108,7 @@ from shared.mechanisms.rappor import Rappor
 from shared.mechanisms.sfp import SequenceFragmentPuzzle, fragment_fingerprints
 from shared.mechanisms.sketch import CountMeanSketch, HadamardCountMeanSketch
 from shared.mechanisms.strings import padded_matrix, utf8_values
+from shared.mechanisms.sw import SquareWave
 from shared.mechanisms.unary import UnaryEncoding
 from shared.randomness import BITS53, realized_probability
 from simulations.text import counted
@@ -399,6 +410,57 @@ def _piecewise(mech: PiecewiseMechanism, reports: int) -> list[Attack]:
             "report", mech.epsilon, (mech.lower, mech.upper),
             lambda batch: np.asarray(batch) < w, (mech.high * w, mech.low * w),
             f"cell < {w} (the lower end's window)",
+        )
+    ]  # fmt: skip
+
+
+# --- distributions ------------------------------------------------------------------------
+
+
+@_builds(HierarchicalHistogram)
+def _hh(mech: HierarchicalHistogram, reports: int) -> list[Attack]:
+    last = [mech.branching**level - 1 for level in range(1, mech.height + 1)]
+
+    def event(batch: np.ndarray) -> np.ndarray:
+        rows = np.asarray(batch)
+        level, a, b, y = rows.T
+        hit = np.zeros(rows.shape[0], dtype=bool)
+        for index, other in enumerate(last):
+            hashed = mech.hashed_oracle(index + 1)
+            if hashed is not None:
+                own = hashed.hash(a, b, np.zeros_like(a))
+                wins = (own != hashed.hash(a, b, np.full_like(a, other))) & (y == own)
+            else:
+                wins = y == 0
+            hit |= (level == index + 1) & wins
+        return hit
+
+    laws = []
+    for index in range(mech.height):
+        oracle, hashed = mech.oracle(index + 1), mech.hashed_oracle(index + 1)
+        if hashed is not None:
+            own, other = hashed.bucket_probabilities
+            laws.append(((1 - hashed.collision) * own, (1 - hashed.collision) * other))
+        else:
+            laws.append((oracle.p, oracle.q))
+    p0, p1 = np.mean(laws, axis=0)
+    return [
+        Attack(
+            "report", mech.epsilon, (mech.lower, mech.upper), event, (float(p0), float(p1)),
+            "at the report's level, its oracle's event for node 0 against the last node",
+        )
+    ]  # fmt: skip
+
+
+@_builds(SquareWave)
+def _sw(mech: SquareWave, reports: int) -> list[Attack]:
+    apart = min(mech.window, mech.buckets - 1)  # the first bucket's window, outside the last's
+    channel = mech.channel
+    return [
+        Attack(
+            "report", mech.epsilon, (mech.lower, mech.upper),
+            lambda batch: np.asarray(batch) < apart, (apart * channel.high, apart * channel.low),
+            f"cell < {apart} (the first bucket's window, outside the last's)",
         )
     ]  # fmt: skip
 

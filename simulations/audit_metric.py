@@ -51,6 +51,7 @@ import numpy as np
 
 from client import BudgetLimits, TelemetryClient
 from shared.mechanisms import DeviceContext, Mechanism, make_mechanism
+from shared.mechanisms.spec import spec_models
 from shared.memo import SimulatedMemo
 from shared.randomness import Rng, as_source
 from shared.schemas import MechanismSpec, MetricSpec
@@ -76,6 +77,9 @@ DevicePath = Literal["batch", "sdk"]
 CHUNK_REPORTS = 1 << 17
 #: A sweep's numeric metrics take values in [0, 1].
 SWEEP_RANGE = (0.0, 1.0)
+#: A sweep's distribution metrics cut that range into this many buckets (hh: 4^2, two
+#: levels of its default branching).
+SWEEP_BUCKETS = 16
 
 
 class Devices(Protocol):
@@ -89,7 +93,7 @@ def _values(kind: str, value: Any, count: int) -> np.ndarray:
     """``count`` copies of ``value`` in the form ``encode`` takes for values of ``kind``."""
     if kind == "categorical":
         return np.full(count, int(value), dtype=np.int64)
-    if kind == "numeric":
+    if kind in ("numeric", "distribution"):
         return np.full(count, float(value), dtype=np.float64)
     return np.full(count, value, dtype=object)
 
@@ -340,9 +344,16 @@ def sweep_spec(
     0.1; ``dbitflip``: one bucket per device); RAPPOR
     16 Bloom bits, one hash, 4 cohorts, f = 2 / (1 + e^(3 eps / 4)) (so epsilon_infinity =
     1.5 eps) and p = 1 - q with q* = 1 / (1 + e^(-eps / 2)), which makes epsilon_one = eps;
-    sketches 4 x 32; ``pem`` and ``sfp`` strings of up to 2 and 4 bytes."""
+    sketches 4 x 32; ``pem`` and ``sfp`` strings of up to 2 and 4 bytes; distributions
+    (``hh``, ``sw``) numbers in [0, 1] in ``SWEEP_BUCKETS`` buckets (memoized ones:
+    ``epsilon_report`` = ``report_share`` x epsilon)."""
     fields: dict[str, Any] = {"mechanism": mechanism, "epsilon": epsilon}
-    if mechanism in ("laplace", "duchi", "piecewise", "onebitmean"):
+    model = spec_models().get(mechanism)
+    if model is not None and model.kind == "distribution":
+        fields.update(lower=SWEEP_RANGE[0], upper=SWEEP_RANGE[1], buckets=SWEEP_BUCKETS)
+        if model.is_memoized:
+            fields["epsilon_report"] = report_share * epsilon
+    elif mechanism in ("laplace", "duchi", "piecewise", "onebitmean"):
         fields.update(lower=SWEEP_RANGE[0], upper=SWEEP_RANGE[1])
         if mechanism == "onebitmean":
             fields["flip_probability"] = 0.1

@@ -31,6 +31,7 @@ results and PNG plots. Run 'ldp-sim COMMAND --help' for the options of each.
 def build_parser() -> argparse.ArgumentParser:
     from simulations.commands import (
         audit,
+        distribution,
         dpsgd,
         federated,
         fleet,
@@ -48,7 +49,17 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(
         title="commands", dest="command", required=True, metavar="COMMAND"
     )
-    for command in (frequency, numeric, audit, dpsgd, federated, fleet, longitudinal, strings):
+    for command in (
+        frequency,
+        numeric,
+        distribution,
+        audit,
+        dpsgd,
+        federated,
+        fleet,
+        longitudinal,
+        strings,
+    ):
         command.register(subparsers)
     return parser
 

@@ -16,22 +16,28 @@ import re
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
 from pydantic import BeforeValidator, StringConstraints
 from pydantic_core import to_json
 
 from aggregator import observability as obs
 from aggregator.deps import MetricName, Service, require_analyst
 from aggregator.estimates import (
+    DEFAULT_QUANTILES,
     DEFAULT_SERIES_STEPS,
     MAX_HEAVY_HITTERS,
+    MAX_QUANTILES,
     EstimateOut,
+    EstimateView,
     HeavyHittersOut,
     SeriesOut,
     SeriesStepName,
+    parse_quantiles,
+    parse_range,
 )
 from aggregator.value_listing import (
     DEFAULT_TOP_VALUES,
@@ -39,7 +45,6 @@ from aggregator.value_listing import (
     MAX_LISTED_VALUES,
     EstimateFormat,
     ValueOrder,
-    ValueView,
 )
 from shared.schemas import MAX_DOMAIN_SIZE, MAX_LABEL_LENGTH
 
@@ -150,6 +155,57 @@ Format = Annotated[
     ),
 ]
 
+Quantiles = Annotated[
+    str | None,
+    Query(
+        description="Distribution metrics (hh, sw): the quantile levels to estimate, "
+        f"comma-separated, e.g. 0.5,0.95; at most {MAX_QUANTILES}, each strictly between 0 "
+        f"and 1, no repeats. Default: {','.join(f'{q:g}' for q in DEFAULT_QUANTILES)}.",
+    ),
+]
+Range = Annotated[
+    str | None,
+    Query(
+        alias="range",
+        description="Distribution metrics (hh, sw): LOW,HIGH in value units, e.g. 10,250: "
+        "the share of values in [LOW, HIGH), its ends snapped to the nearest bucket edges "
+        "(they must snap to different edges).",
+    ),
+]
+
+
+def _parsed(parameter: str, text: str | None, parse: Callable[[str], object]) -> Any:
+    """``parse(text)`` (None for None), or a 422 naming the query ``parameter`` and what
+    was wrong, as for any other invalid parameter."""
+    if text is None:
+        return None
+    try:
+        return parse(text)
+    except ValueError as error:
+        problem = {"type": "value_error", "loc": ("query", parameter), "msg": str(error)}
+        raise RequestValidationError([problem | {"input": text}]) from None
+
+
+def _view(
+    values: list[str],
+    order: ValueOrder | None,
+    offset: int,
+    limit: int | None,
+    format: EstimateFormat,
+    quantiles: str | None,
+    value_range: str | None,
+) -> EstimateView:
+    """The request's ``EstimateView``: its categories, quantile levels and range."""
+    return EstimateView(
+        tuple(values),
+        order,
+        offset,
+        limit,
+        format,
+        quantiles=_parsed("quantiles", quantiles, parse_quantiles),
+        range=_parsed("range", value_range, parse_range),
+    )
+
 
 async def _bounded(request: Request, work: Callable[[], dict[str, object]]) -> Response:
     """``work``'s answer as JSON (non-finite numbers as null), computed and serialized in a
@@ -187,6 +243,8 @@ async def estimate(
     offset: Offset = 0,
     limit: Limit = None,
     format: Format = "json",
+    quantiles: Quantiles = None,
+    value_range: Range = None,
 ) -> Response:
     """Debiased estimate of one metric version over a time window, with std and 95% CI.
 
@@ -199,8 +257,15 @@ async def estimate(
     always of the whole domain: the post-processed distribution is the projection of the
     whole vector, whatever is listed. A combination that cannot be served is refused (422)
     and says what to change.
+
+    A distribution metric (hh, sw) lists its histogram (one item per value bucket) and CDF
+    (one per edge), with unbiased shares, std, 95% intervals and the post-processed valid
+    distribution; the ``quantiles`` levels asked for (default 0.5, 0.9, 0.95, 0.99), each
+    a point from the post-processed CDF and an interval by test inversion of the CDF's
+    pointwise one-sided bounds at the edges, in whole buckets; and with ``range=LOW,HIGH``
+    the share of values between the edges nearest LOW and HIGH.
     """
-    view = ValueView(tuple(values), order, offset, limit, format)
+    view = _view(values, order, offset, limit, format, quantiles, value_range)
     return await _bounded(
         request,
         lambda: service.estimate(name, version, start, end, candidates or None, view),
@@ -223,6 +288,8 @@ async def series(
     order: Order = None,
     offset: Offset = 0,
     limit: Limit = None,
+    quantiles: Quantiles = None,
+    value_range: Range = None,
 ) -> Response:
     """One estimate per step (a UTC hour or day) of one metric version over a range.
 
@@ -237,12 +304,16 @@ async def series(
     the reports of other versions are never mixed in.
 
     At most 2,400 steps, and at most 100,000 listed values in all (steps times listed
-    categories, counted twice for the post-processed distribution, candidate strings, or
-    one mean), whatever the number of steps; a larger request is refused (422) and says
-    what to narrow. The stored statistics of the range are read once: the cost grows
-    with the steps and time buckets, not with the reports.
+    categories, counted twice for the post-processed distribution, candidate strings,
+    quantiles (plus one for a range), or one mean), whatever the number of steps; a larger
+    request is refused (422) and says what to narrow. The stored statistics of the range
+    are read once: the cost grows with the steps and time buckets, not with the reports.
+
+    A distribution metric's steps carry its quantiles (``quantiles``) and range share
+    (``range``), with the histogram and CDF left empty: ask the estimate endpoint for one
+    step's histogram.
     """
-    view = ValueView(tuple(values), order, offset, limit)
+    view = _view(values, order, offset, limit, "json", quantiles, value_range)
     # Sent as built: the series holds every field of SeriesOut already, and validating
     # thousands of estimates again would take longer than computing them.
     return await _bounded(

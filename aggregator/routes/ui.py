@@ -4,8 +4,10 @@
   for memoized metrics and RAPPOR the lifetime bound) and the service's health;
 * ``/ui/metrics/{name}``: one metric's promise and versions; with a key, its estimate
   over a window (bars with 95% interval whiskers and the post-processed distribution, a
-  mean with its intervals, candidate strings or heavy hitters) and the series of that
-  window, with its band and the reports per step;
+  mean with its intervals, candidate strings or heavy hitters; for a distribution metric
+  its histogram with the quantiles p50, p95 and p99 marked, their table and the share of
+  a range of values asked in a form) and the series of that window, with its band (a
+  band for each quantile of a distribution) and the reports per step;
 * ``/ui/federated`` and ``/ui/federated/{name}``: the training tasks; one task's
   evaluation and epsilon spent per round (with a key).
 
@@ -51,7 +53,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from aggregator.deps import MetricName, TaskName
 from aggregator.service import Aggregator, StorageUnavailableError
-from shared.mechanisms import Mechanism, as_categorical, as_memoized, as_numeric, make_mechanism
+from shared.mechanisms import (
+    Mechanism,
+    as_categorical,
+    as_memoized,
+    as_numeric,
+    make_mechanism,
+)
+from shared.mechanisms.spec import as_distribution_spec
 from shared.schemas import MetricSpec
 
 __all__ = ["CONTENT_SECURITY_POLICY", "UI_PREFIX", "add_dashboard_assets", "router"]
@@ -160,9 +169,14 @@ def _domain(metric: MetricSpec, mechanism: Mechanism[Any]) -> str:
     """The values a metric takes, in words."""
     if (categories := as_categorical(mechanism)) is not None:
         return f"{categories.domain_size} categories"
+    unit = f" {metric.unit}" if metric.unit else ""
     if (numbers := as_numeric(mechanism)) is not None:
-        unit = f" {metric.unit}" if metric.unit else ""
         return f"numbers clipped to [{numbers.lower:g}, {numbers.upper:g}]{unit}"
+    if (spec := as_distribution_spec(metric.mechanism)) is not None:
+        return (
+            f"numbers clipped to [{spec.lower:g}, {spec.upper:g}]{unit}, "
+            f"in {spec.bucket_count} buckets ({spec.scale} scale)"
+        )
     count = len(metric.labels or ())
     candidates = f"{count or 'no'} candidate string{'s' * (count != 1)}"
     longest = getattr(metric.mechanism, "max_length", None)  # pem, sfp: the longest string

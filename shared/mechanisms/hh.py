@@ -440,8 +440,13 @@ class HierarchicalHistogram(Mechanism[CountStatistics]):
         """Level ``level``'s (1..h) frequency oracle."""
         return self.oracles[level - 1]
 
+    def hashed_oracle(self, level: int) -> OptimizedLocalHashing | None:
+        """Level ``level``'s oracle when it is OLH (its reports carry a hash), else None."""
+        oracle = self.oracle(level)
+        return oracle if isinstance(oracle, OptimizedLocalHashing) else None
+
     def uses_hash(self, level: int) -> bool:
-        return isinstance(self.oracle(level), OptimizedLocalHashing)
+        return self.hashed_oracle(level) is not None
 
     # --- device ------------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 import math
 import typing
-from typing import Annotated, Any, ClassVar, Literal, TypeAlias, Union
+from typing import Annotated, Any, ClassVar, Literal, TypeAlias, Union, cast
 
 import numpy as np
 from pydantic import (
@@ -329,6 +329,12 @@ class DistributionSpec(BoundedSpec):
             position = (clipped - self.lower) / (self.upper - self.lower)
         buckets = np.floor(position * self.bucket_count).astype(np.int64)
         return np.clip(buckets, 0, self.bucket_count - 1)
+
+
+def as_distribution_spec(spec: MechanismSpec) -> DistributionSpec | None:
+    """``spec`` as a distribution spec (buckets, scale, edges), or None for a spec of
+    another kind: how callers read those fields without testing for a class."""
+    return cast(DistributionSpec, spec) if spec.kind == "distribution" else None
 
 
 def fill_in(spec: MechanismSpec, field: str, value: object) -> None:

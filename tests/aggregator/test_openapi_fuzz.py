@@ -139,7 +139,7 @@ def _store_reports(aggregator: Aggregator, rng: np.random.Generator) -> None:
         mechanism = make_mechanism(spec)
         if spec.kind == "categorical":
             reports = mechanism.encode(rng.integers(0, spec.domain_size or 2, count), rng=rng)
-        elif spec.kind == "numeric":
+        elif spec.kind in ("numeric", "distribution"):
             values = rng.uniform(spec.lower or 0.0, spec.upper or 1.0, count)
             reports = mechanism.encode(values, rng=rng)
         else:

@@ -17,6 +17,7 @@ from shared.mechanisms.memoized import ChainedSpec
 from shared.mechanisms.spec import MAX_GRID_STEPS, spec_models
 from shared.schemas import (
     CATEGORICAL_MECHANISMS,
+    DISTRIBUTION_MECHANISMS,
     MAX_DOMAIN_SIZE,
     MAX_EPSILON,
     MEMOIZED_MECHANISMS,
@@ -94,9 +95,9 @@ def test_validation_error_is_a_value_error() -> None:
 def test_schema_names_match_the_registry() -> None:
     assert CATEGORICAL_MECHANISMS.isdisjoint(NUMERIC_MECHANISMS)
     assert STRING_MECHANISMS.isdisjoint(CATEGORICAL_MECHANISMS | NUMERIC_MECHANISMS)
-    assert CATEGORICAL_MECHANISMS | NUMERIC_MECHANISMS | STRING_MECHANISMS == set(MECHANISMS) | {
-        "auto"
-    }
+    others = CATEGORICAL_MECHANISMS | NUMERIC_MECHANISMS | STRING_MECHANISMS
+    assert DISTRIBUTION_MECHANISMS.isdisjoint(others)
+    assert others | DISTRIBUTION_MECHANISMS == set(MECHANISMS) | {"auto"}
     for name, cls in MECHANISMS.items():
         assert cls.name == name
         assert cls.kind == MechanismSpec(**valid_fields(name)).kind

@@ -3,9 +3,11 @@
 What is checked:
 
 * every mechanism the registry builds (and ``auto``), at epsilon 0.5, 1, 2 and 4, in
-  every view (one report; memoized ones and RAPPOR also the lifetime): the bound is below
-  the declared epsilon (no false alarm) and, where the attack is tight, above 0.8 x the
-  declared epsilon, at a sample size planned from the Clopper-Pearson math
+  every view (one report; memoized ones and RAPPOR also the lifetime; the distribution
+  mechanisms ``hh`` and ``sw``, numbers at the two ends of the range, also in the fast
+  lane, and through the sweep command): the bound is below the declared epsilon (no
+  false alarm) and, where the attack is tight, above 0.8 x the declared epsilon, at a
+  sample size planned from the Clopper-Pearson math
   (``planned_trials`` with alpha = beta = 1e-6 from the event's exact probabilities);
 * deliberately broken mechanisms are caught, their bound above the declared epsilon: a
   unary encoding with the wrong q, Laplace noise in floating point (Mironov 2012), and a
@@ -128,9 +130,49 @@ def test_every_report_view_is_tight_by_the_math() -> None:
                 assert low <= share <= 1 + 1e-9, (name, epsilon, attack.view, share)
 
 
+#: The distribution mechanisms (values are numbers, estimated as a histogram).
+DISTRIBUTIONS = sorted(
+    name for name, cls in MECHANISMS.items() if cls.spec_model.kind == "distribution"
+)
+
+
+@pytest.mark.parametrize("epsilon", EPSILONS)
+@pytest.mark.parametrize("name", DISTRIBUTIONS)
+def test_distribution_mechanisms_keep_their_promise_and_the_audit_comes_close(
+    name: str, epsilon: float
+) -> None:
+    """Inputs at the two ends of the range (the first and the last bucket), one report each:
+    the bound is below epsilon and, at the planned trials, above 0.8 x epsilon (the event
+    attains epsilon exactly, so the audit is tight)."""
+    mech = make_mechanism(spec(name, epsilon))
+    (attack,) = attacks_for(mech, LIFETIME_REPORTS)
+    assert attack.inputs == (0.0, 1.0) and attack.tight
+    assert attack.event_epsilon == pytest.approx(epsilon, rel=1e-4)
+    rng = np.random.default_rng([DISTRIBUTIONS.index(name), EPSILONS.index(epsilon), 40])
+    _, bound = run_attack(attack, BatchDevices(mech, rng), planned(attack), ALPHA)
+    assert 0.8 * epsilon < bound < epsilon, (name, epsilon, bound)
+
+
+def test_the_distribution_mechanisms_are_audited() -> None:
+    assert {"hh", "sw"} <= set(DISTRIBUTIONS)
+
+
+@pytest.mark.parametrize("name", DISTRIBUTIONS)
+def test_a_distribution_metric_is_audited_through_sdk_devices(name: str) -> None:
+    """record(metric, number) on a real client; the event is hit as often as its law says
+    (two-sided, 1e-6) for each input."""
+    trials = 400
+    (result,) = audit_metric(metric_for(spec(name, 2.0)), trials=trials, path="sdk")
+    assert result.path == "sdk" and result.lower_bound < 2.0
+    for hits, p in zip(result.hits, result.attack.probabilities, strict=True):
+        assert abs(hits - trials * p) <= Z * math.sqrt(trials * p * (1 - p)), (name, hits, p)
+
+
 @pytest.mark.parametrize(
     "fields",
     [
+        {"mechanism": "hh", "epsilon": 3.0, "lower": 1.0, "upper": 1000.0, "buckets": 27,
+         "branching": 3, "scale": "log"},
         {"mechanism": "dbitflip", "epsilon": 1.0, "domain_size": 3, "bits_per_device": 2},
         {"mechanism": "rappor", "num_bits": 32, "num_hashes": 2, "num_cohorts": 8, "f": 0.25,
          "p": 0.3, "q": 0.7},
@@ -139,8 +181,9 @@ def test_every_report_view_is_tight_by_the_math() -> None:
     ],
 )  # fmt: skip
 def test_each_event_is_hit_as_often_as_its_probabilities_say(fields: dict[str, Any]) -> None:
-    """Parameters the sweep does not reach: two buckets per device, two Bloom hashes over
-    several cohorts, a sketch width that is not a power of two, a prime-sized domain."""
+    """Parameters the sweep does not reach: a three-level tree on a log scale, two buckets
+    per device, two Bloom hashes over several cohorts, a sketch width that is not a power
+    of two, a prime-sized domain."""
     mech = make_mechanism(MechanismSpec.model_validate(fields))
     trials = 20_000
     for attack in attacks_for(mech, 4):
@@ -392,6 +435,14 @@ def test_a_sweep_writes_a_table_csv_json_and_plot(
     assert all(0 < r["lower_bound"] < r["declared_epsilon"] and r["trials"] == 3000 for r in rows)
     assert (out / "metric_audit.csv").read_text().startswith("metric,mechanism,view,")
     assert (out / "metric_audit.png").stat().st_size > 10_000
+
+
+def test_a_sweep_audits_the_distribution_mechanisms(capsys: pytest.CaptureFixture[str]) -> None:
+    names = ",".join(DISTRIBUTIONS)
+    assert main(["audit", "metric", "--mechanisms", names, "--epsilons", "1,2", "--trials",
+                 "3000", "--seed", "2", "--quiet"]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert all(f"audit.{name}.eps2" in printed for name in DISTRIBUTIONS)
 
 
 def test_a_config_file_is_audited_metric_by_metric(

@@ -162,7 +162,17 @@ def subcommand_parsers() -> dict[str, argparse.ArgumentParser]:
 
 @pytest.mark.parametrize(
     "command",
-    ["ldp-sim", "frequency", "numeric", "dpsgd", "federated", "fleet", "longitudinal", "strings"],
+    [
+        "ldp-sim",
+        "frequency",
+        "numeric",
+        "dpsgd",
+        "federated",
+        "fleet",
+        "longitudinal",
+        "strings",
+        "distribution",
+    ],
 )
 def test_help_is_plain_text_and_shows_defaults(command: str) -> None:
     parser = subcommand_parsers()[command]

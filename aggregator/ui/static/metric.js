@@ -1,6 +1,8 @@
 // One metric's page: with the analyst key, the estimate over the chosen window and the
 // series of that window (GET /v1/metrics/{name}/estimate and /series; heavy hitters for
-// the discovery mechanisms).
+// the discovery mechanisms). A distribution metric shows its histogram with the quantiles
+// marked, a table of the quantiles, the share of a range of values asked in a form, and
+// its quantiles over time.
 import {
   api,
   count,
@@ -17,7 +19,15 @@ import {
   utc,
   withUnit,
 } from "./common.js";
-import { COLORS, bandChart, barChart, countChart, placeholder } from "./charts.js";
+import {
+  COLORS,
+  bandChart,
+  bandsChart,
+  barChart,
+  countChart,
+  histogramChart,
+  placeholder,
+} from "./charts.js";
 
 const root = document.getElementById("metric");
 const metric = {
@@ -28,7 +38,11 @@ const metric = {
   labeled: root.dataset.labeled === "true",
   unit: root.dataset.unit || null,
   discovers: root.dataset.mechanism === "pem" || root.dataset.mechanism === "sfp",
+  distribution: root.dataset.kind === "distribution",
 };
+// The quantiles a distribution metric's page asks for, and the colour of each one's marks.
+const QUANTILES = [0.5, 0.95, 0.99];
+const QUANTILE_COLORS = [COLORS.palette[3], COLORS.palette[1], COLORS.palette[5]];
 const path = "/v1/metrics/" + encodeURIComponent(metric.name);
 const HOUR = 3600e3;
 const DAY = 24 * HOUR;
@@ -44,11 +58,14 @@ const customStart = document.getElementById("window-start");
 const customEnd = document.getElementById("window-end");
 const itemChoice = document.getElementById("series-item");
 const postprocessedToggle = document.getElementById("show-postprocessed");
+const rangeForm = document.getElementById("range-form");
 
 let generation = 0; // answers to an earlier choice of window are dropped
 let shownEstimate = null;
 let shownSeries = null;
 let pickedItem = null; // the series item the user chose, kept across windows
+let shownParams = null; // the window of the estimate shown: a range is asked over it
+let askedRange = null; // the range of values [low, high] last asked for, kept across windows
 
 // --- the window ----------------------------------------------------------------------------
 
@@ -153,6 +170,7 @@ async function load() {
     start: isoTime(chosen.start),
     end: isoTime(chosen.end),
     version: metric.version,
+    quantiles: metric.distribution ? QUANTILES.join(",") : undefined,
   };
   if (metric.discovers) {
     // A discovery metric without candidate strings of its own is estimated, and drawn
@@ -170,8 +188,10 @@ async function load() {
   ]);
   if (mine !== generation) return;
   const inWindow = series.status === "fulfilled" ? reportsIn(series.value) : null;
+  shownParams = params;
   if (estimate.status === "fulfilled") showEstimate(estimate.value);
   else showNoEstimate(estimate.reason, inWindow);
+  if (metric.distribution) showRangeOf(estimate.status === "fulfilled", mine);
   if (series.status === "fulfilled") showSeries(series.value);
   else showNoSeries(series.reason);
 }
@@ -230,11 +250,21 @@ function showEstimate(body) {
   showFacts(body);
   if (body.kind === "categorical") showCategorical(body);
   else if (body.kind === "numeric") showMean(body);
+  else if (body.kind === "distribution") showDistribution(body);
   else showStrings(body);
 }
 
 function showEstimateParts(shown) {
-  for (const id of ["estimate-toggle", "estimate-table", "strings-table", "mean-summary"]) {
+  const parts = [
+    "estimate-toggle",
+    "estimate-table",
+    "strings-table",
+    "mean-summary",
+    "quantile-table",
+    "histogram-details",
+    "range-section",
+  ];
+  for (const id of parts) {
     const part = document.getElementById(id);
     if (part) part.hidden = !shown;
   }
@@ -263,7 +293,7 @@ function showNoEstimate(error, inWindow) {
     error.status === 409 ? "info" : "error",
   );
   document.getElementById("estimate-facts").replaceChildren();
-  for (const id of ["estimate-table", "strings-table"]) {
+  for (const id of ["estimate-table", "strings-table", "quantile-table", "histogram-table"]) {
     const table = document.getElementById(id);
     if (table) table.tBodies[0].replaceChildren();
   }
@@ -399,6 +429,174 @@ function showStrings(body) {
   }
 }
 
+// --- a distribution ----------------------------------------------------------------------------
+
+/** A quantile's name: 0.5 -> "p50", 0.999 -> "p99.9". */
+function quantileName(q) {
+  return "p" + Number((q * 100).toPrecision(6));
+}
+
+/** A value of the metric with its unit: "231.4 ms". */
+function valueText(value) {
+  return withUnit(number(value), metric.unit);
+}
+
+/** Values from ``low`` to ``high``, with the unit once: "200 to 260 ms". */
+function valuesFromTo(low, high) {
+  return withUnit(number(low) + " to " + number(high), metric.unit);
+}
+
+/** The estimate's quantiles as the histogram marks them, each in its colour. */
+function quantileMarks(quantiles) {
+  return quantiles.map((item, i) => ({
+    value: item.value,
+    low: item.ci_low,
+    high: item.ci_high,
+    label: quantileName(item.q),
+    color: QUANTILE_COLORS[i % QUANTILE_COLORS.length],
+  }));
+}
+
+/** The histogram in words, for the chart's text alternative. */
+function describeHistogram(body) {
+  const quantiles = body.quantiles.map(
+    (item) =>
+      quantileName(item.q) +
+      " " +
+      valueText(item.value) +
+      " (95% interval " +
+      valuesFromTo(item.ci_low, item.ci_high) +
+      ")",
+  );
+  return (
+    "Histogram of the values in " +
+    body.value_buckets +
+    " buckets from " +
+    valuesFromTo(body.lower, body.upper) +
+    " (" +
+    body.scale +
+    " scale): the post-processed share of each bucket as a bar, its unbiased share as a " +
+    "point with a 95% interval whisker; quantiles marked as lines with their intervals " +
+    "shaded: " +
+    quantiles.join(", ") +
+    ". Every bucket is listed in the table of buckets below."
+  );
+}
+
+function drawHistogram(body) {
+  const canvas = document.getElementById("estimate-chart");
+  histogramChart(canvas, {
+    buckets: body.histogram,
+    values: body.histogram.map((bucket) => bucket.postprocessed),
+    estimates: body.histogram.map((bucket) => bucket.fraction),
+    intervals: body.histogram.map((bucket) => [bucket.ci_low, bucket.ci_high]),
+    logarithmic: body.scale === "log",
+    marked: quantileMarks(body.quantiles),
+    format: percent,
+    tick: percentTick,
+    valueTick: (value) => number(value),
+    bucketLabel: (bucket) => valuesFromTo(bucket.low, bucket.high),
+    xTitle: titleWithUnit("value", metric.unit) + (body.scale === "log" ? ", log scale" : ""),
+    yTitle: "share of reports (95% interval)",
+  });
+  canvas.setAttribute("aria-label", describeHistogram(body));
+}
+
+/** A distribution: its histogram with the quantiles marked, the quantiles' table and the
+ * buckets' table. */
+function showDistribution(body) {
+  drawHistogram(body);
+  document
+    .getElementById("estimate-facts")
+    .append(
+      el(
+        "span",
+        { className: "fact" },
+        body.value_buckets +
+          " buckets, " +
+          body.scale +
+          " scale, " +
+          valuesFromTo(body.lower, body.upper),
+      ),
+      el("span", { className: "fact" }, "post-processed by " + body.method),
+    );
+  fillRows(
+    document.getElementById("quantile-table").tBodies[0],
+    body.quantiles.map((item) => [
+      quantileName(item.q),
+      number(item.value),
+      number(item.ci_low) + " to " + number(item.ci_high),
+    ]),
+  );
+  fillRows(
+    document.getElementById("histogram-table").tBodies[0],
+    body.histogram.map((bucket) => [
+      number(bucket.low) + " to " + number(bucket.high),
+      percent(bucket.postprocessed),
+      percent(bucket.fraction),
+      percentInterval(bucket.ci_low, bucket.ci_high),
+    ]),
+  );
+}
+
+/**
+ * The share of the range last asked for, over the window of the estimate shown (none
+ * when the window has no estimate). ``mine``: the window's load, whose answer is dropped
+ * once another window is chosen.
+ */
+async function showRangeOf(hasEstimate, mine) {
+  const result = document.getElementById("range-result");
+  if (!askedRange || !hasEstimate) {
+    result.hidden = true;
+    say("range-message", "");
+    return;
+  }
+  try {
+    const body = await api(path + "/estimate", { ...shownParams, range: askedRange.join(",") });
+    if (mine === generation) showRange(body.range);
+  } catch (error) {
+    if (mine !== generation) return;
+    result.hidden = true;
+    say("range-message", "No share for this range: " + explain(error), "error");
+  }
+}
+
+/** A range's share, with its interval and the bucket edges it was snapped to. */
+function showRange(range) {
+  say("range-message", "");
+  const same = (a, b) => Math.abs(a - b) <= 1e-9 * Math.max(Math.abs(a), Math.abs(b));
+  const moved = !same(range.low, range.requested_low) || !same(range.high, range.requested_high);
+  document.getElementById("range-fraction").textContent = percent(range.fraction);
+  document.getElementById("range-what").textContent =
+    " of the values lie from " +
+    valuesFromTo(range.low, range.high) +
+    " (95% interval " +
+    percentInterval(range.ci_low, range.ci_high) +
+    ", std " +
+    percent(range.std) +
+    ").";
+  document.getElementById("range-edges").textContent = moved
+    ? "Asked for " +
+      valuesFromTo(range.requested_low, range.requested_high) +
+      ": a range is estimated in whole buckets, so its ends moved to the nearest bucket edges."
+    : "Both ends are bucket edges.";
+  document.getElementById("range-result").hidden = false;
+}
+
+/** The range form: the share of [low, high) over the window shown. */
+function askRange(event) {
+  event.preventDefault();
+  const low = document.getElementById("range-low").valueAsNumber;
+  const high = document.getElementById("range-high").valueAsNumber;
+  if (!(low < high)) {
+    document.getElementById("range-result").hidden = true;
+    say("range-message", "The range's low end must be below its high end.", "error");
+    return;
+  }
+  askedRange = [low, high];
+  showRangeOf(shownEstimate !== null, generation);
+}
+
 /** Show the window's heavy hitters; resolves to the strings found (none on a refusal). */
 async function loadHeavyHitters(params, mine) {
   const k = document.getElementById("heavy-k").value;
@@ -432,7 +630,7 @@ async function loadHeavyHitters(params, mine) {
 /** The values a series can be drawn for: categories or candidate strings (none for a mean). */
 function seriesItems(body) {
   const first = body.steps.find((step) => step.estimate)?.estimate;
-  if (!first || body.kind === "numeric") return [];
+  if (!first || body.kind === "numeric" || body.kind === "distribution") return [];
   if (body.kind === "categorical") return first.estimates.map(categoryName);
   return first.candidates.map((item) => item.string);
 }
@@ -505,8 +703,37 @@ function showSeries(body) {
     " in all";
 }
 
-/** The series' band chart: a mean (in the metric's unit) or one item's share. */
+/** A distribution's series: each quantile of ``QUANTILES`` per step, with its band. */
+function drawQuantileSeries(canvas, body) {
+  const quantileOf = (step, q) =>
+    step.estimate?.quantiles?.find((item) => Math.abs(item.q - q) < 1e-9) ?? null;
+  const first = body.steps.find((step) => step.estimate).estimate;
+  bandsChart(canvas, {
+    labels: body.steps.map((step) => utc(step.start, body.step === "1h")),
+    lines: QUANTILES.map((q, i) => {
+      const points = body.steps.map((step) => quantileOf(step, q));
+      return {
+        label: quantileName(q),
+        color: QUANTILE_COLORS[i],
+        values: points.map((point) => point?.value ?? null),
+        lows: points.map((point) => point?.ci_low ?? null),
+        highs: points.map((point) => point?.ci_high ?? null),
+      };
+    }),
+    format: valueText,
+    tick: (value) => number(value),
+    yTitle: titleWithUnit("quantile", metric.unit) + (first.scale === "log" ? ", log scale" : ""),
+    logarithmic: first.scale === "log",
+  });
+}
+
+/** The series' band chart: a mean (in the metric's unit), one item's share, or a
+ * distribution's quantiles. */
 function drawSeries(canvas, body, items, index) {
+  if (body.kind === "distribution") {
+    drawQuantileSeries(canvas, body);
+    return;
+  }
   const points = body.steps.map((step) => pointOf(step.estimate, body.kind, index));
   const numeric = body.kind === "numeric";
   const item = items[index] ?? "";
@@ -548,6 +775,7 @@ itemChoice?.addEventListener("change", () => {
   if (shownSeries) showSeries(shownSeries);
 });
 postprocessedToggle?.addEventListener("change", () => shownEstimate && drawBars(shownEstimate));
+rangeForm?.addEventListener("submit", askRange);
 document.getElementById("heavy-k")?.addEventListener("change", () => load());
 
 onKeyChange((hasKey) => {
