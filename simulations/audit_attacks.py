@@ -99,6 +99,7 @@ from shared.mechanisms.hh import HierarchicalHistogram
 from shared.mechanisms.hr import HadamardResponse
 from shared.mechanisms.laplace import DiscreteLaplace
 from shared.mechanisms.lgrr import LongitudinalGRR
+from shared.mechanisms.lhh import LongitudinalHierarchicalHistogram
 from shared.mechanisms.lue import LongitudinalUnaryEncoding
 from shared.mechanisms.olh import OptimizedLocalHashing
 from shared.mechanisms.onebitmean import OneBitMean
@@ -447,6 +448,38 @@ def _hh(mech: HierarchicalHistogram, reports: int) -> list[Attack]:
     return [
         Attack(
             "report", mech.epsilon, (mech.lower, mech.upper), event, (float(p0), float(p1)),
+            "at the report's level, its oracle's event for node 0 against the last node",
+        )
+    ]  # fmt: skip
+
+
+@_builds(LongitudinalHierarchicalHistogram)
+def _lhh(mech: LongitudinalHierarchicalHistogram, reports: int) -> list[Attack]:
+    """One report: at its level, lgrr's "report = node 0" or losue's "bit 0 set, the last
+    node's bit clear" (x = lower against upper: node 0 against the last node at every
+    level); every level's event has ratio e^epsilon_report, so their average does too."""
+
+    def event(batch: np.ndarray) -> np.ndarray:
+        level, hit = batch["level"], np.zeros(batch.size, dtype=bool)
+        for at in range(1, mech.height + 1):
+            if mech.is_unary(at):
+                bits = batch["bits"]
+                last = _packed_bit(bits, mech.branching**at - 1)
+                wins = (_packed_bit(bits, 0) == 1) & (last == 0)
+            else:
+                wins = batch["value"] == 0
+            hit |= (level == at) & wins
+        return hit
+
+    laws = [
+        (o.p * (1 - o.q), o.q * (1 - o.p)) if mech.is_unary(at) else (o.p, o.q)
+        for at, o in enumerate(mech.oracles, 1)
+    ]
+    p0, p1 = np.mean(laws, axis=0)
+    return [
+        Attack(
+            "report", mech.epsilon_report, (mech.lower, mech.upper), event,
+            (float(p0), float(p1)),
             "at the report's level, its oracle's event for node 0 against the last node",
         )
     ]  # fmt: skip

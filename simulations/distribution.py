@@ -249,8 +249,13 @@ SHAPES: dict[str, Shape] = {
 
 
 def distribution_mechanisms() -> list[str]:
-    """The registered mechanisms whose values are estimated as a distribution."""
-    return sorted(name for name, model in spec_models().items() if model.kind == "distribution")
+    """The registered mechanisms whose values are estimated as a distribution, one report
+    per device (the memoized ones, lhh, are simulated per period by their own tests)."""
+    return sorted(
+        name
+        for name, model in spec_models().items()
+        if model.kind == "distribution" and not model.is_memoized
+    )
 
 
 @functools.lru_cache(maxsize=64)

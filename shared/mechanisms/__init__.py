@@ -41,7 +41,7 @@ from shared.mechanisms.spec import MechanismSpec
 #: The plug-in modules, imported once: each registers its mechanism and spec model.
 PLUGINS = (
     "grr", "unary", "olh", "hr", "auto", "laplace", "duchi", "piecewise", "rappor",
-    "lgrr", "lue", "dbitflip", "onebitmean", "sketch", "pem", "sfp", "hh", "sw",
+    "lgrr", "lue", "dbitflip", "onebitmean", "sketch", "pem", "sfp", "hh", "sw", "lhh",
 )  # fmt: skip
 for _plugin in PLUGINS:
     importlib.import_module(f"shared.mechanisms.{_plugin}")

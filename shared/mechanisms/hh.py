@@ -135,6 +135,7 @@ large n0 and scaled as n0 / n.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, ClassVar, Literal
@@ -152,7 +153,7 @@ from shared.mechanisms.base import (
     payload_shape,
 )
 from shared.mechanisms.categorical import CategoricalMechanism, check_true_counts
-from shared.mechanisms.grr import GeneralizedRandomizedResponse, GrrSpec
+from shared.mechanisms.grr import CountedIndices, GeneralizedRandomizedResponse, GrrSpec
 from shared.mechanisms.olh import OlhSpec, OptimizedLocalHashing
 from shared.mechanisms.registry import register
 from shared.mechanisms.spec import MAX_BUCKETS, DistributionSpec, fill_in
@@ -426,7 +427,7 @@ class HierarchicalHistogram(Mechanism[CountStatistics]):
         self.height: int = tree_height(self.branching, self.buckets)
         #: Level l's oracle at index l - 1.
         self.oracles: tuple[CategoricalMechanism, ...] = tuple(
-            level_oracle(self.epsilon, self.branching**level) for level in range(1, self.height + 1)
+            self.build_oracle(self.branching**level) for level in range(1, self.height + 1)
         )
         sizes = [self.branching**level for level in range(1, self.height + 1)]
         #: Where level l's counts start in the statistics (index l - 1), and where the
@@ -447,6 +448,16 @@ class HierarchicalHistogram(Mechanism[CountStatistics]):
 
     def uses_hash(self, level: int) -> bool:
         return self.hashed_oracle(level) is not None
+
+    def build_oracle(self, nodes: int) -> CategoricalMechanism:
+        """The frequency oracle of a level of ``nodes`` nodes (``level_oracle``)."""
+        return level_oracle(self.epsilon, nodes)
+
+    def multinomial(self, level: int) -> bool:
+        """Whether a level's report is one index, kept or drawn uniformly (GRR; ``lhh``'s
+        lgrr), so that its node estimates covary as a multinomial's; otherwise (OLH, unary
+        encodings) each node's support is taken as independent of the others'."""
+        return isinstance(self.oracle(level), CountedIndices)
 
     # --- device ------------------------------------------------------------------------
 
@@ -614,7 +625,7 @@ class HierarchicalHistogram(Mechanism[CountStatistics]):
                 continue
             oracle = self.oracle(level)
             weight = oracle_variance(oracle, x, n_level) + x * n * finite / n_level
-            if not self.uses_hash(level):
+            if self.multinomial(level):
                 p, q = oracle.p, oracle.q
                 scale = n_level * (p - q) ** 2
                 weight = weight + (q * q + 2 * q * (p - q) * x) / scale
@@ -709,7 +720,7 @@ class HierarchicalHistogram(Mechanism[CountStatistics]):
                 continue
             x, n_level, oracle = fractions[level], int(counts[level - 1]), self.oracle(level)
             p, q = oracle.p, oracle.q
-            if self.uses_hash(level):
+            if not self.multinomial(level):
                 total += m * float(oracle_variance(oracle, np.array([x / m]), n_level)[0])
             else:
                 inside, outside = p + (m - 1) * q, m * q
@@ -742,9 +753,14 @@ class HierarchicalHistogram(Mechanism[CountStatistics]):
         every (level, oracle output), level 1's first: (1/h) times the row of the value's
         node in the level's ``transition_matrix`` (the oracles' realized probabilities)."""
         leaves = np.arange(self.buckets) if values is None else self.spec.bucket_of(values)
+        return self.level_law(lambda oracle: oracle.transition_matrix(), leaves)
+
+    def level_law(self, law: Callable[[Any], np.ndarray], leaves: np.ndarray) -> np.ndarray:
+        """Rows the ``leaves``, columns every (level, output), level 1's first: (1/h) times
+        the row of the leaf's node in ``law(level oracle)``."""
         blocks = []
         for level in range(1, self.height + 1):
-            matrix = np.asarray(self.oracle(level).transition_matrix())
+            matrix = np.asarray(law(self.oracle(level)))
             nodes = leaves // self.branching ** (self.height - level)
             blocks.append(matrix[nodes] / self.height)
         return np.concatenate(blocks, axis=1)

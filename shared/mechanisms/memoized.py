@@ -89,13 +89,12 @@ class MemoizedSpec(MechanismSpec):
             )
 
 
-class ChainedSpec(MemoizedSpec, CategoricalSpec):
-    """A memoized categorical response chained with a fresh one per report: requires
-    ``epsilon_report`` < ``epsilon``, e.g. ``{"mechanism": "lgrr", "epsilon": 2.0,
-    "epsilon_report": 1.0, "domain_size": 8}``."""
+class ChainedReport(MemoizedSpec):
+    """A memoized response chained with a fresh one per report: requires
+    ``epsilon_report`` < ``epsilon`` (``ChainedSpec``; ``lhh``'s spec)."""
 
     @model_validator(mode="after")
-    def _report_reveals_less(self) -> ChainedSpec:
+    def _report_reveals_less(self) -> ChainedReport:
         if self.epsilon_report is None:
             raise ValueError(
                 f"epsilon_report is required for the {self.mechanism!r} mechanism (what one "
@@ -108,6 +107,11 @@ class ChainedSpec(MemoizedSpec, CategoricalSpec):
                 f"epsilon={self.epsilon}"
             )
         return self
+
+
+class ChainedSpec(ChainedReport, CategoricalSpec):
+    """A memoized categorical response chained with a fresh one per report, e.g.
+    ``{"mechanism": "lgrr", "epsilon": 2.0, "epsilon_report": 1.0, "domain_size": 8}``."""
 
 
 class MemoizedMechanism:

@@ -91,6 +91,16 @@ SPECS: dict[str, dict[str, Any]] = {
     # levels 1 (4 nodes, GRR) and 2 (16 nodes, OLH: P = 17, g = 4)
     "hh": {"mechanism": "hh", "epsilon": 1.0, "lower": 0, "upper": 1, "buckets": 16},
     "sw": {"mechanism": "sw", "epsilon": 1.0, "lower": 0, "upper": 1, "buckets": 16},
+    # levels 1 and 2 lgrr, level 3 losue over 27 nodes (4 bytes, 5 padding bits)
+    "lhh": {
+        "mechanism": "lhh",
+        "epsilon": 2.0,
+        "epsilon_report": 1.0,
+        "lower": 0,
+        "upper": 1,
+        "buckets": 27,
+        "branching": 3,
+    },
     "oue": {"mechanism": "oue", "epsilon": 1.0, "domain_size": 10},  # 2 bytes, 6 padding bits
     "sue": {"mechanism": "sue", "epsilon": 1.0, "domain_size": 16},  # 2 bytes, no padding
     "duchi": {"mechanism": "duchi", "epsilon": 1.0, "lower": 0.0, "upper": 1.0},
@@ -164,6 +174,36 @@ RANGE_CASES: list[tuple[str, list[dict[str, Any]], list[tuple[dict[str, Any], st
             ({"level": 1, "a": 0, "b": 0, "value": 4}, r"report 0: value = 4 is outside 0\.\.3"),
             ({"level": 2, "a": 0, "b": 0, "value": 0}, r"report 0: a = 0 is outside 1\.\.16"),
             ({"level": 2, "a": 1, "b": 17, "value": 0}, r"report 0: b = 17 is outside 0\.\.16"),
+        ],
+    ),
+    (
+        "lhh",
+        [
+            {"level": 1, "value": 0, "bits": ""},
+            {"level": 2, "value": 8, "bits": ""},
+            {"level": 3, "value": 0, "bits": b64(b"\xff\xff\xff\xe0")},
+        ],
+        [
+            ({"level": 0, "value": 0, "bits": ""}, r"report 0: level = 0 is outside 1\.\.3"),
+            ({"level": 4, "value": 0, "bits": ""}, r"report 0: level = 4 is outside 1\.\.3"),
+            ({"level": 1, "value": 3, "bits": ""}, r"report 0: value = 3 is outside 0\.\.2"),
+            ({"level": 2, "value": -1, "bits": ""}, r"report 0: value = -1 is outside 0\.\.8"),
+            (
+                {"level": 1, "value": 0, "bits": b64(b"\x00")},
+                r"report 0: 'bits' holds 1 bytes, expected 0",
+            ),
+            (
+                {"level": 3, "value": 1, "bits": b64(bytes(4))},
+                r"report 0: value = 1 is outside 0\.\.0",
+            ),
+            (
+                {"level": 3, "value": 0, "bits": b64(b"\xff\xff\xff\xf0")},
+                r"report 0: sets bits past bit 26",
+            ),
+            (
+                {"level": 3, "value": 0, "bits": b64(bytes(3))},
+                r"report 0: 'bits' holds 3 bytes, expected 4",
+            ),
         ],
     ),
     (

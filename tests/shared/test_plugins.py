@@ -53,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SPECS: dict[str, dict[str, Any]] = {
     "hh": {"epsilon": 1.0, "lower": 0.0, "upper": 10.0, "buckets": 64, "branching": 4},
     "sw": {"epsilon": 1.0, "lower": 0.0, "upper": 10.0, "buckets": 64},
+    "lhh": {"epsilon": 2.0, "epsilon_report": 1.0, "lower": 0.0, "upper": 10.0, "buckets": 64},
     "grr": {"epsilon": 1.0, "domain_size": 4},
     "sue": {"epsilon": 1.0, "domain_size": 4},
     "oue": {"epsilon": 1.0, "domain_size": 4},

@@ -32,7 +32,7 @@ import pytest
 from scipy import stats
 
 from shared.mechanisms import MECHANISMS, make_mechanism
-from shared.mechanisms.memoized import ChainedSpec
+from shared.mechanisms.memoized import ChainedReport
 from shared.mechanisms.spec import spec_models
 from shared.schemas import (
     CATEGORICAL_MECHANISMS,
@@ -71,6 +71,11 @@ NUMERIC_EXTRAS: dict[str, tuple[dict[str, Any], ...]] = {
         {"buckets": 9, "branching": 3},
     ),
     "sw": ({"buckets": 2}, {"buckets": 5}, {"buckets": 16}),
+    "lhh": (
+        {"buckets": 4, "branching": 2},
+        {"buckets": 8, "branching": 2},
+        {"buckets": 9, "branching": 3},
+    ),
 }
 #: Extra spec fields per categorical mechanism.
 CATEGORICAL_EXTRAS: dict[str, tuple[dict[str, Any], ...]] = {
@@ -78,7 +83,7 @@ CATEGORICAL_EXTRAS: dict[str, tuple[dict[str, Any], ...]] = {
 }
 
 CHAINED_MECHANISMS = frozenset(
-    name for name, model in spec_models().items() if issubclass(model, ChainedSpec)
+    name for name, model in spec_models().items() if issubclass(model, ChainedReport)
 )
 
 
@@ -149,6 +154,7 @@ def privacy_specs() -> Iterator[Any]:
                                 "epsilon": epsilon,
                                 "lower": lower,
                                 "upper": upper,
+                                **memo_fields(name, epsilon),
                                 **extra,
                             }
                         )

@@ -33,7 +33,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared.mechanisms import MECHANISMS, DeviceContext, Mechanism, make_mechanism
-from shared.mechanisms.memoized import ChainedSpec
+from shared.mechanisms.memoized import ChainedReport
 from shared.mechanisms.spec import spec_models
 from shared.schemas import (
     CATEGORICAL_MECHANISMS,
@@ -95,7 +95,7 @@ MOMENT_RTOL = 1e-12
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 CHAINED_MECHANISMS = frozenset(
-    name for name, model in spec_models().items() if issubclass(model, ChainedSpec)
+    name for name, model in spec_models().items() if issubclass(model, ChainedReport)
 )
 
 
@@ -486,6 +486,29 @@ def out_of_range_updates(mech: Mechanism[Any]) -> list[dict[str, Any]]:
             {"level": grr_level, "a": 0, "b": 0, "value": -1},
             {"level": 1, "value": 2**40},
         ]
+    if name == "lhh":  # (level, value, bits): value at an lgrr level, bits at a losue level
+        tree: Any = mech
+        levels = range(1, tree.height + 1)
+        index = next(level for level in levels if not tree.is_unary(level))
+        refused: list[dict[str, Any]] = [
+            {"level": 0},
+            {"level": tree.height + 1},
+            {"level": index, "value": tree.branching**index, "bits": ""},
+            {"level": index, "value": -1, "bits": ""},
+            {"level": index, "value": 0, "bits": "AA=="},  # an lgrr level reports no bits
+        ]
+        for level in [level for level in levels if tree.is_unary(level)][:1]:
+            nodes = tree.branching**level
+            size = (nodes + 7) // 8
+            refused += [
+                {"level": level, "value": 1, "bits": base64.b64encode(bytes(size)).decode()},
+                {"level": level, "value": 0, "bits": base64.b64encode(bytes(size + 1)).decode()},
+                {"level": level, "value": 0, "bits": "not base64!"},
+            ]
+            if nodes % 8:  # the first padding bit
+                padding = base64.b64encode(bytes(size - 1) + bytes([0x80 >> (nodes % 8)])).decode()
+                refused.append({"level": level, "value": 0, "bits": padding})
+        return refused
     if name in ("piecewise", "sw"):  # cell indices 0..M-1
         cells = mech.cells  # type: ignore[attr-defined]
         return [{"value": cells}, {"value": -1}, {"value": 2**40}]

@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from shared.mechanisms import MECHANISMS, make_mechanism
-from shared.mechanisms.memoized import ChainedSpec
+from shared.mechanisms.memoized import ChainedReport, ChainedSpec
 from shared.mechanisms.spec import MAX_GRID_STEPS, spec_models
 from shared.schemas import (
     CATEGORICAL_MECHANISMS,
@@ -68,7 +68,10 @@ def valid_fields(name: str) -> dict[str, Any]:
             "p": 0.25,
             "q": 0.75,
         }
-    return {"mechanism": name, "epsilon": 1.0, "lower": -1.0, "upper": 2.0}
+    bounded = {"mechanism": name, "epsilon": 1.0, "lower": -1.0, "upper": 2.0}
+    if issubclass(spec_models()[name], ChainedReport):  # lhh: a chained distribution
+        return bounded | {"epsilon_report": MIN_EPSILON}
+    return bounded
 
 
 def error_text(error: ValidationError) -> str:
