@@ -641,6 +641,10 @@ class RangeOut(BaseModel):
     std: float = Field(description="Its standard error (the mechanism's Var[F^(high) - F^(low)]).")
     ci_low: float = Field(description=_INTERVAL)
     ci_high: float = Field(description=_INTERVAL)
+    postprocessed: float = Field(
+        description="The share of [low, high) under the post-processed distribution; biased, "
+        "usually the smaller error (see method)."
+    )
 
 
 class DistributionEstimateOut(EstimateBase):

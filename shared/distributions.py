@@ -60,7 +60,11 @@ class Quantile:
 @dataclass(frozen=True)
 class RangeFraction:
     """The share of values in [low, high), whole buckets: ``requested_low`` and
-    ``requested_high`` snapped to the nearest edges ``low`` and ``high``."""
+    ``requested_high`` snapped to the nearest edges ``low`` and ``high``. ``fraction`` is
+    unbiased, with ``std`` and the interval around it; ``postprocessed`` is the share under
+    the post-processed distribution (biased; for the isotonic fit, a projection of the
+    CDF estimate onto the non-decreasing CDFs, never farther from the truth in the weighted
+    norm, and in practice a smaller error)."""
 
     requested_low: float
     requested_high: float
@@ -70,6 +74,7 @@ class RangeFraction:
     std: float
     ci_low: float
     ci_high: float
+    postprocessed: float
 
 
 def monotone_fractions(cdf: np.ndarray, variance: np.ndarray) -> np.ndarray:
@@ -217,6 +222,7 @@ class DistributionEstimate:
         fraction = float(self.cdf[last] - self.cdf[first])
         std = float(self.between_std(np.array([first]), np.array([last]))[0])
         half = z_value(confidence) * std
+        cumulative = self.postprocessed_cdf()
         return RangeFraction(
             requested_low=low,
             requested_high=high,
@@ -226,4 +232,5 @@ class DistributionEstimate:
             std=std,
             ci_low=fraction - half,
             ci_high=fraction + half,
+            postprocessed=float(cumulative[last] - cumulative[first]),
         )

@@ -8,6 +8,9 @@ root is on the path: ``pythonpath`` in ``pyproject.toml``).
 - ``AggregatorProcess``: one ``python -m aggregator.cli serve`` on a fixed port and
   database, with known admin, analyst and device keys, started, killed (SIGKILL, nothing
   flushed) and started again at will: what the crash, restart and fault tests need.
+- ``fleet_client(url, key, state_dir, batch_size)``: a ``TelemetryClient`` that stands
+  for many devices (no lifetime cap), uploading a batch when ``batch_size`` reports wait
+  and at flush, retrying quickly.
 - ``postgres_problem()``: None when PostgreSQL answers at ``POSTGRES_URL``
   (``LDP_TEST_POSTGRES``, default ``postgresql+psycopg://postgres@127.0.0.1:5432/test``),
   else why not, so that the PostgreSQL cases skip and say why.
@@ -16,6 +19,7 @@ root is on the path: ``pythonpath`` in ``pyproject.toml``).
 from __future__ import annotations
 
 import functools
+import math
 import os
 import signal
 import subprocess
@@ -27,6 +31,7 @@ from typing import Self
 
 import httpx
 
+from client import BudgetLimits, RetryPolicy, TelemetryClient
 from simulations.server import free_port
 
 __all__ = ["POSTGRES_URL", "ROOT", "AggregatorProcess", "free_port", "postgres_problem"]
@@ -159,3 +164,18 @@ class AggregatorProcess:
 
     def headers(self, role: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.keys[role]}"}
+
+
+def fleet_client(url: str, key: str, state_dir: Path, batch_size: int) -> TelemetryClient:
+    """One client object standing for many devices: no lifetime cap (the default is finite),
+    batches of ``batch_size`` (an hour's interval: they go when full, and at flush)."""
+    limits = BudgetLimits(per_metric_per_period=1e6, total_per_period=1e6, lifetime=math.inf)
+    return TelemetryClient(
+        url,
+        key,
+        state_dir,
+        limits=limits,
+        batch_size=batch_size,
+        upload_interval=3600.0,
+        retry=RetryPolicy(base=0.05, cap=1.0),
+    )

@@ -173,13 +173,7 @@ class NumericMechanism(Mechanism[MomentStatistics]):
 
     def normalize(self, values: np.ndarray) -> np.ndarray:
         """Clip to [lower, upper] and map to t in [-1, 1]; NaN is refused."""
-        array = np.asarray(values, dtype=np.float64)
-        if array.ndim != 1:
-            raise ValueError(f"values must be a one-dimensional array, got shape {array.shape}")
-        bad = np.flatnonzero(np.isnan(array))
-        if bad.size:
-            raise ValueError(f"value at position {bad[0]} is NaN; numeric values must be numbers")
-        clipped = np.clip(array, self.lower, self.upper)
+        clipped = self.spec.clip(values)
         return np.clip((clipped - self.lower) / self.half_range - 1.0, -1.0, 1.0)
 
     def to_original(self, t: np.ndarray) -> np.ndarray:

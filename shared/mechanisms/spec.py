@@ -239,6 +239,17 @@ class BoundedSpec(MechanismSpec):
             raise ValueError("upper - lower must be finite")
         return self
 
+    def clip(self, values: object) -> np.ndarray:
+        """``values`` as float64 clipped to [lower, upper]; ValueError for NaN (naming its
+        position) or an array that is not one-dimensional."""
+        array = np.asarray(values, dtype=np.float64)
+        if array.ndim != 1:
+            raise ValueError(f"values must be a one-dimensional array, got shape {array.shape}")
+        bad = np.flatnonzero(np.isnan(array))
+        if bad.size:
+            raise ValueError(f"value at position {bad[0]} is NaN; numeric values must be numbers")
+        return np.clip(array, self.lower, self.upper)
+
 
 class NumericSpec(BoundedSpec):
     """A mechanism over reals clipped to [lower, upper], estimated as a mean."""
@@ -316,13 +327,7 @@ class DistributionSpec(BoundedSpec):
     def bucket_of(self, values: object) -> np.ndarray:
         """The bucket (int64, 0..D-1) of each value after clipping to [lower, upper];
         ValueError for NaN or an array that is not one-dimensional."""
-        array = np.asarray(values, dtype=np.float64)
-        if array.ndim != 1:
-            raise ValueError(f"values must be a one-dimensional array, got shape {array.shape}")
-        bad = np.flatnonzero(np.isnan(array))
-        if bad.size:
-            raise ValueError(f"value at position {bad[0]} is NaN; numeric values must be numbers")
-        clipped = np.clip(array, self.lower, self.upper)
+        clipped = self.clip(values)
         if self.scale == "log":
             position = np.log(clipped / self.lower) / math.log(self.upper / self.lower)
         else:

@@ -136,7 +136,7 @@ def test_readme_quickstart(tmp_path: Path) -> None:
             )
             assert response.status_code == 200, response.text
         served = (tmp_path / "serve.log").read_text()
-        assert f"--demo-data: stored {4 * PER_METRIC:,} perturbed reports" in served
+        assert f"--demo-data: stored {len(DEMO_METRICS) * PER_METRIC:,} perturbed reports" in served
     finally:
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGTERM)

@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from client import BudgetLimits, RetryPolicy, TelemetryClient
 from shared.mechanisms import make_mechanism
 from shared.mechanisms.grr import GeneralizedRandomizedResponse
 from shared.mechanisms.piecewise import PiecewiseMechanism
 from shared.schemas import MechanismSpec
+from tests.support import fleet_client
 
 #: The repository root (for the README).
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,17 +52,7 @@ def record_group(
 ) -> dict[str, float]:
     """One client object (one state directory) records the values of its devices, then
     flushes; returns its budget figures and delivery outcome."""
-    # One client object stands for many devices: no lifetime cap (the default is finite).
-    limits = BudgetLimits(per_metric_per_period=1e6, total_per_period=1e6, lifetime=math.inf)
-    with TelemetryClient(
-        url,
-        key,
-        state_dir,
-        limits=limits,
-        batch_size=64,
-        upload_interval=3600.0,  # batches go when 64 reports wait, and at flush
-        retry=RetryPolicy(base=0.05, cap=1.0),
-    ) as client:
+    with fleet_client(url, key, state_dir, batch_size=64) as client:
         for theme, length in zip(themes, minutes, strict=True):
             client.record(THEME, theme)
             client.record(MINUTES, length)

@@ -18,9 +18,9 @@ import httpx
 import numpy as np
 import pytest
 
-from client import BudgetLimits, RetryPolicy, TelemetryClient
 from shared.mechanisms import FRESH, DeviceContext
 from shared.mechanisms.hh import HierarchicalHistogram
+from tests.support import fleet_client
 
 METRIC = "page.load_ms"
 LOWER, UPPER, EPSILON = 1.0, 10_000.0, 2.0
@@ -48,16 +48,7 @@ def record_group(
     flushes; returns its delivery outcome and the epsilon it spent on the metric. hh's
     encode draws from the group's own generator, seeded (SEED, group)."""
     SEEDED.generator = np.random.default_rng([SEED, 2, group])
-    limits = BudgetLimits(per_metric_per_period=1e6, total_per_period=1e6, lifetime=math.inf)
-    with TelemetryClient(
-        url,
-        key,
-        state_dir,
-        limits=limits,
-        batch_size=256,
-        upload_interval=3600.0,  # batches go when 256 reports wait, and at flush
-        retry=RetryPolicy(base=0.05, cap=1.0),
-    ) as client:
+    with fleet_client(url, key, state_dir, batch_size=256) as client:
         for latency in latencies.tolist():
             client.record(METRIC, latency)  # a distribution metric takes a number
         delivered = client.flush(timeout=60.0)

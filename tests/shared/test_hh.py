@@ -38,8 +38,14 @@ from shared.mechanisms.hh import (
 from shared.mechanisms.olh import OptimizedLocalHashing
 from shared.schemas import MechanismSpec
 from shared.statistics import CountStatistics
+from tests.distribution_checks import (
+    ALPHA,
+    assert_cdf_unbiased_with_stated_variance,
+    normal_bound,
+    skewed,
+    variance_ratio_bounds,
+)
 
-ALPHA = 1e-6
 RATIO_RTOL = 1e-12
 
 
@@ -47,18 +53,6 @@ def build(**fields: Any) -> HierarchicalHistogram:
     mech = make_mechanism(MechanismSpec.model_validate({"mechanism": "hh", **fields}))
     assert isinstance(mech, HierarchicalHistogram)
     return mech
-
-
-def normal_bound(tests: int) -> float:
-    """Two-sided z at ALPHA / tests."""
-    return float(stats.norm.isf(ALPHA / (2 * tests)))
-
-
-def variance_ratio_bounds(runs: int, tests: int) -> tuple[float, float]:
-    """The ALPHA / (2 tests) and 1 - ALPHA / (2 tests) quantiles of s^2 / V."""
-    df = runs - 1
-    tail = ALPHA / (2 * tests)
-    return float(stats.chi2.ppf(tail, df) / df), float(stats.chi2.isf(tail, df) / df)
 
 
 # --- spec -------------------------------------------------------------------------------
@@ -493,11 +487,6 @@ def test_simulated_statistics_follow_the_encoded_law() -> None:
         assert stats.chi2_contingency(table).pvalue > ALPHA / 3
 
 
-def skewed(buckets: int, n: int, rng: np.random.Generator) -> np.ndarray:
-    weights = np.exp(-np.arange(buckets) / (buckets / 6))
-    return rng.multinomial(n, weights / weights.sum())
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("epsilon", "branching", "buckets"), [(1.0, 4, 64), (0.5, 2, 32), (4.0, 4, 64)]
@@ -509,20 +498,7 @@ def test_consistent_cdf_is_unbiased_with_the_stated_variance(
     independent) at n = 10^5: every inner edge's mean and variance (module docstring)."""
     mech = build(epsilon=epsilon, lower=0, upper=1, branching=branching, buckets=buckets)
     rng = np.random.default_rng(int(epsilon * 100) + branching)
-    counts = skewed(buckets, 100_000, rng)
-    truth = np.concatenate([[0], np.cumsum(counts)]) / counts.sum()
-    runs = 2000
-    cdfs, variances = np.empty((runs, buckets + 1)), np.empty((runs, buckets + 1))
-    for run in range(runs):
-        estimate = mech.estimate(mech.simulate_statistics(counts, rng))
-        cdfs[run], variances[run] = estimate.cdf, estimate.cdf_variance()
-    inner = slice(1, buckets)
-    variance = variances.mean(axis=0)[inner]
-    z = (cdfs.mean(axis=0)[inner] - truth[inner]) / np.sqrt(variance / runs)
-    assert np.abs(z).max() < normal_bound(buckets - 1)
-    low, high = variance_ratio_bounds(runs, buckets - 1)
-    ratio = cdfs.var(axis=0, ddof=1)[inner] / variance
-    assert low < ratio.min() and ratio.max() < high, (ratio.min(), ratio.max())
+    assert_cdf_unbiased_with_stated_variance(mech, skewed(buckets, 100_000, rng), 2000, rng)
 
 
 @pytest.mark.slow

@@ -45,8 +45,13 @@ from shared.mechanisms.registry import MECHANISMS
 from shared.memo import KeyedMemo, SimulatedMemo, memo_scope
 from shared.schemas import MechanismSpec
 from shared.statistics import CountStatistics
+from tests.distribution_checks import (
+    ALPHA,
+    assert_cdf_unbiased_with_stated_variance,
+    normal_bound,
+    skewed,
+)
 
-ALPHA = 1e-6
 RATIO_RTOL = 1e-12
 #: Least expected count of a chi-square cell (rarer cells are pooled).
 MIN_EXPECTED = 100.0
@@ -393,20 +398,6 @@ def test_ledger_keys_are_the_node_at_the_devices_level() -> None:
 # --- statistics: fast path, unbiasedness, variance --------------------------------------
 
 
-def normal_bound(tests: int) -> float:
-    return float(stats.norm.isf(ALPHA / (2 * tests)))
-
-
-def variance_ratio_bounds(runs: int, tests: int) -> tuple[float, float]:
-    df, tail = runs - 1, ALPHA / (2 * tests)
-    return float(stats.chi2.ppf(tail, df) / df), float(stats.chi2.isf(tail, df) / df)
-
-
-def skewed(buckets: int, n: int, rng: np.random.Generator) -> np.ndarray:
-    weights = np.exp(-np.arange(buckets) / (buckets / 6))
-    return rng.multinomial(n, weights / weights.sum())
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("epsilon", "epsilon_report", "branching", "buckets"),
@@ -423,20 +414,7 @@ def test_consistent_cdf_is_unbiased_with_the_stated_variance(
     )
     assert {oracle.name for oracle in mech.oracles} == {"lgrr", "losue"}
     rng = np.random.default_rng(int(epsilon * 100) + branching)
-    counts = skewed(buckets, 100_000, rng)
-    truth = np.concatenate([[0], np.cumsum(counts)]) / counts.sum()
-    runs = 1000
-    cdfs, variances = np.empty((runs, buckets + 1)), np.empty((runs, buckets + 1))
-    for run in range(runs):
-        estimate = mech.estimate(mech.simulate_statistics(counts, rng))
-        cdfs[run], variances[run] = estimate.cdf, estimate.cdf_variance()
-    inner = slice(1, buckets)
-    variance = variances.mean(axis=0)[inner]
-    z = (cdfs.mean(axis=0)[inner] - truth[inner]) / np.sqrt(variance / runs)
-    assert np.abs(z).max() < normal_bound(buckets - 1)
-    low, high = variance_ratio_bounds(runs, buckets - 1)
-    ratio = cdfs.var(axis=0, ddof=1)[inner] / variance
-    assert low < ratio.min() and ratio.max() < high, (ratio.min(), ratio.max())
+    assert_cdf_unbiased_with_stated_variance(mech, skewed(buckets, 100_000, rng), 1000, rng)
 
 
 @pytest.mark.slow
