@@ -158,6 +158,7 @@ def test_the_distribution_mechanisms_are_audited() -> None:
     assert {"hh", "sw"} <= set(DISTRIBUTIONS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", DISTRIBUTIONS)
 def test_a_distribution_metric_is_audited_through_sdk_devices(name: str) -> None:
     """record(metric, number) on a real client; the event is hit as often as its law says
