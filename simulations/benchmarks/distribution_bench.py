@@ -1028,7 +1028,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(f"peer {PEER_DISTRIBUTION}: {status}")
     if tree_class is None and not args.no_peers:
-        print("  part 1 skipped: install the bench extra, pip install -e '.[bench]'")
+        print(
+            "  part 1 skipped: install the peer in an environment of its own, "
+            "pip install -e '.[bench-distribution]'"
+        )
     failures: list[str] = []
     targets: list[Target] = []
     document: dict[str, Any] = {}

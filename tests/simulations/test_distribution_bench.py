@@ -39,7 +39,9 @@ def peer() -> Any:
     (imported here, not at collection: it pulls in scikit-learn and statsmodels)."""
     tree_class, status = load_peer()
     if tree_class is None:
-        pytest.skip(f"ldp-hierarchical-mechanism (the bench extra) does not import: {status}")
+        pytest.skip(
+            f"ldp-hierarchical-mechanism (the bench-distribution extra) does not import: {status}"
+        )
     return tree_class
 
 
