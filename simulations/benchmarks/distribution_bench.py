@@ -109,6 +109,7 @@ from shared.mechanisms import (
 from shared.mechanisms.spec import DistributionSpec, as_distribution_spec
 from shared.schemas import MechanismSpec
 from simulations import report
+from simulations.arguments import checked, list_of, one_of, user_count
 from simulations.benchmarks import peers as peer_lib
 from simulations.benchmarks.mechanisms import SPEED_TARGET, si, times
 from simulations.text import counted
@@ -940,39 +941,34 @@ def scale_lines(rows: list[ScaleRow]) -> tuple[list[str], list[Target]]:
 # ---------------------------------------------------------------------------- main
 
 
-def number(text: str) -> int:
-    """A count, also written as 1e6."""
-    return int(float(text))
-
-
-def _parts(text: str) -> list[str]:
-    parts = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = sorted(set(parts) - set(PARTS))
-    if unknown or not parts:
-        raise argparse.ArgumentTypeError(
-            f"parts are a comma-separated selection of {', '.join(PARTS)}, got {text!r}"
-        )
-    return parts
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m simulations.benchmarks.distribution_bench",
         description="Distribution mechanisms hh and sw: against ldp-hierarchical-mechanism, "
         "against the flat histogram, quantiles, scale.",
     )
-    parser.add_argument("--users", type=number, help="users of parts 2, 3 and 5 and speed (1e6)")
-    parser.add_argument("--peer-users", type=number, help="users of the peer comparison (1e5)")
-    parser.add_argument("--runs", type=number, help="fast-path runs per mechanism (200)")
-    parser.add_argument("--peer-runs", type=number, help="runs of the peer (30)")
     parser.add_argument(
-        "--encode-runs", type=number, help="runs of ours with every user encoded (100)"
+        "--users", type=checked(user_count), help="users of parts 2, 3 and 5 and speed (1e6)"
     )
-    parser.add_argument("--ranges", type=number, help="random ranges per run (200)")
-    parser.add_argument("--buckets", type=number, help="buckets D (1024)")
-    parser.add_argument("--branching", type=number, default=4, help="hh's branching B (4)")
+    parser.add_argument(
+        "--peer-users", type=checked(user_count), help="users of the peer comparison (1e5)"
+    )
+    parser.add_argument(
+        "--runs", type=checked(user_count), help="fast-path runs per mechanism (200)"
+    )
+    parser.add_argument("--peer-runs", type=checked(user_count), help="runs of the peer (30)")
+    parser.add_argument(
+        "--encode-runs", type=checked(user_count), help="runs of ours with every user encoded (100)"
+    )
+    parser.add_argument("--ranges", type=checked(user_count), help="random ranges per run (200)")
+    parser.add_argument("--buckets", type=checked(user_count), help="buckets D (1024)")
+    parser.add_argument(
+        "--branching", type=checked(user_count), default=4, help="hh's branching B (4)"
+    )
     parser.add_argument("--epsilon", type=float, default=1.0, help="privacy budget per report")
-    parser.add_argument("--big-users", type=number, help="users of the scale part (1e8)")
+    parser.add_argument(
+        "--big-users", type=checked(user_count), help="users of the scale part (1e8)"
+    )
     parser.add_argument("--peer-time", type=float, help="seconds per peer speed measurement (5)")
     parser.add_argument(
         "--path",
@@ -985,7 +981,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--output", type=Path, help="write every part's results to this JSON")
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
     parser.add_argument(
-        "--parts", type=_parts, default=list(PARTS),
+        "--parts", type=list_of(one_of(PARTS, "part"), "parts"), default=list(PARTS),
         help=f"parts to run, comma-separated from {','.join(PARTS)} (all)",
     )  # fmt: skip
     args = parser.parse_args(argv)
