@@ -54,3 +54,15 @@ def assert_cdf_unbiased_with_stated_variance(
     low, high = variance_ratio_bounds(runs, buckets - 1)
     ratio = cdfs.var(axis=0, ddof=1)[inner] / variance
     assert low < ratio.min() and ratio.max() < high, (ratio.min(), ratio.max())
+
+
+def assert_same_law(encoded: np.ndarray, simulated: np.ndarray, alpha: float) -> None:
+    """Two samples of one integer statistic come from one law: a chi-square test of
+    homogeneity of their counts, the values with fewer than 40 observations in all pooled
+    into one cell, failing falsely with probability ``alpha``."""
+    top = int(max(encoded.max(), simulated.max())) + 1
+    table = np.array([np.bincount(encoded, minlength=top), np.bincount(simulated, minlength=top)])
+    keep = table.sum(axis=0) >= 40
+    table = np.column_stack([table[:, keep], table[:, ~keep].sum(axis=1)])
+    table = table[:, table.sum(axis=0) > 0]
+    assert stats.chi2_contingency(table).pvalue > alpha

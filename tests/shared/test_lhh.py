@@ -48,6 +48,7 @@ from shared.statistics import CountStatistics
 from tests.distribution_checks import (
     ALPHA,
     assert_cdf_unbiased_with_stated_variance,
+    assert_same_law,
     normal_bound,
     skewed,
 )
@@ -439,15 +440,7 @@ def test_each_period_of_memoized_devices_has_the_fast_paths_law() -> None:
         histogram = np.bincount(buckets, minlength=16)
         simulated = np.array([mech.simulate_statistics(histogram, rng).counts for _ in range(runs)])
         for column in (mech.offsets[-1], 1, mech.offsets[1] + 5):  # n_1, lgrr 1, losue 5
-            top = int(max(encoded[:, column].max(), simulated[:, column].max())) + 1
-            table = np.array(
-                [np.bincount(encoded[:, column], minlength=top),
-                 np.bincount(simulated[:, column], minlength=top)]
-            )  # fmt: skip
-            keep = table.sum(axis=0) >= 40
-            table = np.column_stack([table[:, keep], table[:, ~keep].sum(axis=1)])
-            table = table[:, table.sum(axis=0) > 0]
-            assert stats.chi2_contingency(table).pvalue > ALPHA / 6
+            assert_same_law(encoded[:, column], simulated[:, column], ALPHA / 6)
 
 
 def test_estimates_from_encoded_reports() -> None:
