@@ -9,8 +9,8 @@ and a mechanism class, registered with ``@register`` (``shared.mechanisms.regist
 ``MECHANISMS`` maps every wire name to its class, and ``auto`` resolves to the
 lowest-variance categorical mechanism for the spec's (epsilon, d). What a caller may do
 with a mechanism beyond encoding and aggregating is asked of it as an ability
-(``shared.mechanisms.abilities``: ``categorical``, ``numeric``, ``candidate_queries``,
-``discovery``, ``distribution``, ``memoized``), and per-device state reaches ``encode`` as one
+(``shared.mechanisms.abilities``: ``attributes``, ``categorical``, ``numeric``,
+``candidate_queries``, ``discovery``, ``distribution``, ``memoized``), and per-device state reaches ``encode`` as one
 ``DeviceContext``. A new mechanism is a new module and one line in ``PLUGINS``.
 """
 
@@ -20,6 +20,7 @@ import importlib
 
 from shared.mechanisms.abilities import (
     FRESH,
+    AttributeValues,
     CandidateQueries,
     CategoricalValues,
     DeviceContext,
@@ -27,6 +28,7 @@ from shared.mechanisms.abilities import (
     DistributionValues,
     Memoized,
     NumericValues,
+    as_attributes,
     as_candidate_queries,
     as_categorical,
     as_discovery,
@@ -49,6 +51,7 @@ for _plugin in PLUGINS:
 __all__ = [
     "FRESH",
     "MECHANISMS",
+    "AttributeValues",
     "CandidateQueries",
     "CategoricalValues",
     "DeviceContext",
@@ -58,6 +61,7 @@ __all__ = [
     "MechanismSpec",
     "Memoized",
     "NumericValues",
+    "as_attributes",
     "as_candidate_queries",
     "as_categorical",
     "as_discovery",

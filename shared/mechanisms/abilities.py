@@ -15,6 +15,9 @@ testing for a class:
   gives a mean (``MeanEstimate``).
 * ``DistributionValues``: values are reals clipped to [lower, upper], estimated as a
   distribution over buckets (``DistributionEstimate``: histogram, CDF, quantiles, ranges).
+* ``AttributeValues``: each value is a row of several private attributes (categories or
+  bounded reals); ``estimate(stats)`` gives per-attribute estimates and the 2-way marginals
+  of the declared pairs (``AttributesEstimate``).
 * ``CandidateQueries``: values are strings, estimated against candidate strings the
   analyst names (``estimate(stats, candidates)``).
 * ``Discovery``: the most frequent strings found without candidates (``heavy_hitters``).
@@ -33,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 
+from shared.attributes import AttributesEstimate
 from shared.distributions import DistributionEstimate
 from shared.estimates import Estimate, HeavyHitters, MeanEstimate
 from shared.memo import Memo
@@ -133,6 +137,30 @@ class DistributionValues(Protocol):
 
 
 @runtime_checkable
+class AttributeValues(Protocol):
+    """Each value is a row of several private attributes, reported together under one
+    epsilon (``shared.mechanisms.multidim``)."""
+
+    @property
+    def attribute_names(self) -> tuple[str, ...]:
+        """The attributes, in the spec's order (the columns of ``encode``'s values)."""
+        ...
+
+    def rows(self, records: Sequence[dict[str, Any]]) -> np.ndarray:
+        """``encode``'s values from one dict per device (attribute name -> a label or
+        index of a categorical attribute, a number of a numeric one); ValueError naming the
+        record and attribute at fault."""
+        ...
+
+    def estimate(self, stats: CountStatistics) -> AttributesEstimate: ...
+
+    def simulate_statistics(self, rows: np.ndarray, rng: np.random.Generator) -> CountStatistics:
+        """The statistics of the devices whose values are ``rows`` reporting once each, drawn
+        from their law (the simulation fast path; a seeded Generator only)."""
+        ...
+
+
+@runtime_checkable
 class CandidateQueries(Protocol):
     """Values are strings, estimated for the candidate strings an analyst names."""
 
@@ -197,6 +225,11 @@ def as_distribution(mechanism: Mechanism[Any]) -> DistributionValues | None:
     """``mechanism`` as ``DistributionValues``, or None when it does not estimate a
     distribution."""
     return cast(DistributionValues, mechanism) if _provided(mechanism, DistributionValues) else None
+
+
+def as_attributes(mechanism: Mechanism[Any]) -> AttributeValues | None:
+    """``mechanism`` as ``AttributeValues``, or None when its values are not attribute rows."""
+    return cast(AttributeValues, mechanism) if _provided(mechanism, AttributeValues) else None
 
 
 def as_candidate_queries(mechanism: Mechanism[Any]) -> CandidateQueries | None:

@@ -45,9 +45,10 @@ from pydantic import (
 )
 
 #: What a mechanism's values are and what is estimated of them: category indices
-#: (frequencies), real numbers (a mean), strings (frequencies of strings), or real numbers
-#: estimated as a distribution (histogram, CDF, quantiles).
-ValueKind: TypeAlias = Literal["categorical", "numeric", "string", "distribution"]
+#: (frequencies), real numbers (a mean), strings (frequencies of strings), real numbers
+#: estimated as a distribution (histogram, CDF, quantiles), or several private attributes
+#: in one report (per-attribute frequencies or means, and 2-way marginals of declared pairs).
+ValueKind: TypeAlias = Literal["categorical", "numeric", "string", "distribution", "attributes"]
 
 #: Largest epsilon a spec may carry. Beyond it local noise is negligible and
 #: e^epsilon-sized parameters (OLH's bucket count) stop fitting in 64 bits.
