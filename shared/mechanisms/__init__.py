@@ -10,8 +10,9 @@ and a mechanism class, registered with ``@register`` (``shared.mechanisms.regist
 lowest-variance categorical mechanism for the spec's (epsilon, d). What a caller may do
 with a mechanism beyond encoding and aggregating is asked of it as an ability
 (``shared.mechanisms.abilities``: ``attributes``, ``categorical``, ``numeric``,
-``candidate_queries``, ``discovery``, ``distribution``, ``memoized``), and per-device state reaches ``encode`` as one
-``DeviceContext``. A new mechanism is a new module and one line in ``PLUGINS``.
+``candidate_queries``, ``discovery``, ``distribution``, ``memoized``), and per-device state
+reaches ``encode`` as one ``DeviceContext``. A new mechanism is a new module and one line
+in ``PLUGINS``.
 """
 
 from __future__ import annotations
