@@ -10,6 +10,12 @@ per device, its permanent randomness drawn anew as each simulated device reports
 and only the perturbed reports are ingested, through the same validation and exactly-once
 path as ``POST /v1/reports``. No raw value is stored anywhere.
 
+A metric with dimensions gets its reports spread over its cells (``demo_cells``): each
+hour's reports go in equal shares to as many cells as keep every share at the release
+threshold (at least one), the cells taken in turn from hour to hour, so that every cell
+has released hours and ``estimate?by=`` shows every group over a long enough window. The
+values do not depend on the cell.
+
 The simulated populations (the truth the estimates approach; ``simulated_values``),
 drawn from a fixed seed per metric:
 
@@ -92,6 +98,8 @@ def fill_demo_data(
         payloads = _perturbed_payloads(metric, mechanism, len(times), rng)
         if payloads is None:
             continue
+        dimensions = metric.dimension_set
+        cells = demo_cells(dimensions.cell_count, hours, per_hour, settings.min_reports)
         reports = [
             Report(
                 report_id=uuid.UUID(bytes=_random_bytes(16, rng), version=4),
@@ -99,14 +107,25 @@ def fill_demo_data(
                 version=metric.version,
                 payload=payload,
                 time=time,
+                dimensions=dimensions.values_of(cell) if dimensions else None,
             )
-            for payload, time in zip(payloads, times, strict=True)
+            for payload, time, cell in zip(payloads, times, cells.tolist(), strict=True)
         ]
         step = settings.max_batch_reports
         for start in range(0, len(reports), step):
             service.ingest(ReportBatch(reports=reports[start : start + step]), now)
         stored[metric.name] = len(reports)
     return stored
+
+
+def demo_cells(cell_count: int, hours: int, per_hour: int, min_reports: int) -> np.ndarray:
+    """The cell of each of ``hours * per_hour`` demo reports (hour by hour): hour h's
+    reports in k = min(cells, max(1, per_hour // min_reports)) equal runs (the last one
+    taking the remainder), run j in cell (h k + j) mod cells."""
+    shares = min(cell_count, max(1, per_hour // min_reports))
+    run = np.minimum(np.arange(per_hour) * shares // per_hour, shares - 1)
+    hour = np.arange(hours)[:, None]
+    return ((hour * shares + run[None, :]) % cell_count).ravel()
 
 
 def simulated_values(metric: MetricSpec, mechanism: Mechanism[Any], n: int) -> np.ndarray | None:

@@ -12,9 +12,12 @@ others leave null. The discovery mechanisms (``pem``, ``sfp``) also find the mos
 frequent strings without candidates: ``GET /v1/metrics/{name}/heavy-hitters``
 (``build_heavy_hitters``).
 
-The release threshold applies per stored time bucket (``ReleasedBuckets``): a bucket's
-reports enter an estimate only if the bucket holds at least ``min_reports`` of them in
-all (the sum over its partial rows, so compaction changes nothing). A threshold on the
+The release threshold applies per stored time bucket and cell (``ReleasedBuckets``): a
+unit's reports enter an estimate only if the unit holds at least ``min_reports`` of them
+in all (the sum over its partial rows, so compaction changes nothing). A unit is a time
+bucket of one cell, one combination of the metric's public dimension values
+(``shared.dimensions``); a metric without dimensions has one cell, so its unit is the
+time bucket. A threshold on the
 window's total alone could be bypassed by differencing: the estimates over ``[h-3, h)``
 and ``[h-3, h+1)`` differ by exactly the reports of hour ``h``, however few. With the
 threshold per bucket, adding a bucket below it to a window leaves that window's estimate
@@ -22,7 +25,18 @@ unchanged. The estimate says what was left out (``suppressed_buckets``,
 ``suppressed_reports``, and of those reports the ``pending_reports`` of the current
 bucket, which is still filling and enters once it reaches the threshold): report counts
 are public in this design (``n`` is released), so this tells the size of a small bucket,
-never anything about its reports' values.
+never anything about its reports' values. The same argument holds across cells: with the
+threshold per (bucket, cell), the estimates ``where=version:2.0`` and the whole metric
+differ by released units only, and a cell's small bucket enters none of them.
+
+Breakdowns (``Selection``): ``where=NAME:VALUE`` keeps the cells matching every filter;
+``by=NAME[,NAME2]`` adds one estimate per combination of those dimensions' values
+(``groups``), each exactly what ``where=`` the group's values answers (the same code,
+over the group's released units). The statistics of all groups are summed in one pass
+(``grouped_statistics``: each stored row read once and added into its group's row of a
+(groups x length) count matrix; moments by three ``np.bincount``), so a breakdown over
+4,096 cells costs one read per stored row and one estimate per group, not one merge per
+row per group.
 
 A categorical estimate lists a bounded selection of its categories (``ValueView``,
 ``aggregator.value_listing``): all of them up to 4,096, else the 1,000 largest estimates by
@@ -57,7 +71,7 @@ values in all, one step alone included: a larger request is refused, saying what
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -65,7 +79,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
-from aggregator.repositories.reports import PartialRow
+from aggregator.repositories.reports import UNIT_RADIX, PartialRow
 from aggregator.value_listing import (
     DEFAULT_TOP_VALUES,
     DEFAULT_VIEW,
@@ -75,6 +89,7 @@ from aggregator.value_listing import (
     ValueView,
     encode_vector,
 )
+from shared.dimensions import DimensionError, parse_by, parse_where
 from shared.distributions import DistributionEstimate
 from shared.estimates import Estimate, MeanEstimate, StdMethod, z_value
 from shared.mechanisms import (
@@ -147,13 +162,15 @@ class EstimateWindow:
 
 @dataclass(frozen=True)
 class ReleasedBuckets:
-    """The partial rows of a window that the per-bucket release threshold lets through."""
+    """The partial rows of a window that the release threshold per unit, one time bucket
+    of one cell, lets through (a metric without dimensions has one cell: a unit is then
+    a time bucket)."""
 
     rows: list[PartialRow]
     min_reports: int
-    #: Buckets with at least ``min_reports`` reports (their rows are ``rows``).
+    #: Units with at least ``min_reports`` reports (their rows are ``rows``).
     buckets: int
-    #: Buckets with reports, but fewer than ``min_reports``, and those reports.
+    #: Units with reports, but fewer than ``min_reports``, and those reports.
     suppressed_buckets: int
     suppressed_reports: int
     #: Of the suppressed reports, those in buckets from ``current`` on (still filling).
@@ -161,24 +178,60 @@ class ReleasedBuckets:
 
     @classmethod
     def of(cls, rows: Sequence[PartialRow], min_reports: int, current: int) -> ReleasedBuckets:
-        """Keep the rows of the buckets whose rows hold ``sum n >= min_reports`` reports;
-        ``current`` is the start of the bucket that holds the present moment."""
-        buckets = np.fromiter((row.bucket for row in rows), dtype=np.int64, count=len(rows))
-        counts = np.fromiter((row.n for row in rows), dtype=np.int64, count=len(rows))
-        distinct, which = np.unique(buckets, return_inverse=True)
+        """Keep the rows of the (bucket, cell) units whose rows hold ``sum n >= min_reports``
+        reports; ``current`` is the start of the bucket that holds the present moment."""
+        one_group = np.zeros(UNIT_RADIX, dtype=np.int64)
+        (released,) = cls.grouped(rows, one_group, 1, min_reports, current)
+        return released
+
+    @classmethod
+    def grouped(
+        cls,
+        rows: Sequence[PartialRow],
+        group_of_cell: np.ndarray,
+        count: int,
+        min_reports: int,
+        current: int,
+    ) -> list[ReleasedBuckets]:
+        """``of`` for each of ``count`` groups of cells at once (``group_of_cell[c]``: the
+        group of cell c): the units' sizes are summed once (``np.unique`` of the keys
+        ``bucket * UNIT_RADIX + cell``, ``np.add.at``), and the groups' tallies are bincounts
+        over the units; each group's rows keep their order."""
+        size = len(rows)
+        buckets = np.fromiter((row.bucket for row in rows), dtype=np.int64, count=size)
+        cells = np.fromiter((row.cell for row in rows), dtype=np.int64, count=size)
+        counts = np.fromiter((row.n for row in rows), dtype=np.int64, count=size)
+        distinct, which = np.unique(buckets * UNIT_RADIX + cells, return_inverse=True)
         sizes = np.zeros(distinct.size, dtype=np.int64)
         np.add.at(sizes, which, counts)
         large = sizes >= min_reports
         small = ~large & (sizes > 0)
-        keep = large[which]
-        return cls(
-            rows=[row for row, kept in zip(rows, keep.tolist(), strict=True) if kept],
-            min_reports=min_reports,
-            buckets=int(large.sum()),
-            suppressed_buckets=int(small.sum()),
-            suppressed_reports=int(sizes[small].sum()),
-            pending_reports=int(sizes[small & (distinct >= current)].sum()),
-        )
+        pending = small & (distinct // UNIT_RADIX >= current)
+        unit_group = group_of_cell[distinct % UNIT_RADIX]
+
+        def tally(mask: np.ndarray, weights: np.ndarray | None = None) -> list[int]:
+            chosen = None if weights is None else weights[mask]
+            summed = np.bincount(unit_group[mask], weights=chosen, minlength=count)
+            return summed.astype(np.int64).tolist()
+
+        released, suppressed = tally(large), tally(small)
+        suppressed_reports, pending_reports = tally(small, sizes), tally(pending, sizes)
+        kept = np.flatnonzero(large[which])
+        row_group = unit_group[which[kept]]
+        by_group = np.argsort(row_group, kind="stable")
+        positions = kept[by_group].tolist()
+        edge = np.searchsorted(row_group[by_group], np.arange(count + 1)).tolist()
+        return [
+            cls(
+                rows=[rows[i] for i in positions[edge[g] : edge[g + 1]]],
+                min_reports=min_reports,
+                buckets=released[g],
+                suppressed_buckets=suppressed[g],
+                suppressed_reports=suppressed_reports[g],
+                pending_reports=pending_reports[g],
+            )
+            for g in range(count)
+        ]
 
     def as_json(self) -> dict[str, int]:
         return {
@@ -188,6 +241,70 @@ class ReleasedBuckets:
             "suppressed_reports": self.suppressed_reports,
             "pending_reports": self.pending_reports,
         }
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What a request selects of a metric's cells (``shared.dimensions``): the cells
+    matching every ``where`` filter (name -> value), and with ``by`` (dimension names)
+    one group per combination of their values, numbered in mixed radix over ``by``."""
+
+    where: dict[str, str]
+    by: tuple[str, ...] | None
+    #: Over the cells: those the filters keep.
+    mask: np.ndarray
+    #: Over the cells: the group of each (all 0 without ``by``).
+    group_of_cell: np.ndarray
+    #: Each group's dimension values (one group, ``{}``, without ``by``).
+    labels: list[dict[str, str]]
+
+    @classmethod
+    def of(cls, metric: MetricSpec, where: Sequence[str] = (), by: str | None = None) -> Selection:
+        """The request's ``where=NAME:VALUE`` items and ``by=NAME[,NAME2]`` for ``metric``;
+        ``DimensionError`` (a ValueError) naming the parameter and the dimension for an
+        unknown dimension or value, a repeat, a dimension both in ``by`` and ``where``,
+        or either on a metric without dimensions."""
+        dimensions = metric.dimension_set
+        if not dimensions and (where or by is not None):
+            parameter = "where" if where else "by"
+            raise DimensionError(
+                parameter,
+                f"metric {metric.name!r} declares no dimensions: {parameter}= breaks down by "
+                "a metric's dimensions",
+            )
+        filters = parse_where(where)
+        mask = dimensions.cells_where(filters)
+        names = parse_by(by)
+        if names is None:
+            return cls(filters, None, mask, np.zeros(dimensions.cell_count, np.int64), [{}])
+        for name in names:
+            if name in filters:
+                raise DimensionError(
+                    "by", f"dimension {name!r} is also in where=: break down by another one"
+                )
+        group_of_cell, labels = dimensions.groups_by(names)
+        return cls(filters, tuple(names), mask, group_of_cell, labels)
+
+    @property
+    def groups(self) -> int:
+        """How many groups ``by`` makes (1 without it)."""
+        return len(self.labels)
+
+    def group_of(self, rows: Sequence[PartialRow]) -> np.ndarray:
+        """The group of each row (of its cell)."""
+        cells = np.fromiter((row.cell for row in rows), dtype=np.int64, count=len(rows))
+        return self.group_of_cell[cells]
+
+    def rows(self, rows: Sequence[PartialRow]) -> list[PartialRow]:
+        """The rows of the cells the filters keep."""
+        if not self.where:
+            return list(rows)
+        mask = self.mask
+        return [row for row in rows if mask[row.cell]]
+
+    def as_json(self) -> dict[str, object]:
+        """The request's ``where`` (echoed, ``{}`` when none) and ``by`` (null without)."""
+        return {"where": dict(self.where), "by": list(self.by) if self.by else None}
 
 
 @dataclass(frozen=True)
@@ -276,6 +393,88 @@ def merged_statistics(
     return mechanism.empty_statistics().merge_many(
         mechanism.statistics_from_bytes(row.stats) for row in rows
     )
+
+
+#: Most int64 counts the scatter matrix of ``grouped_statistics`` holds at once (32 MiB).
+_GROUPED_CELLS = 1 << 22
+
+
+def statistics_reader(
+    mechanism: Mechanism[Any],
+) -> Callable[[bytes], CountStatistics | MomentStatistics]:
+    """``Mechanism.statistics_from_bytes`` with the mechanism's empty statistics made once
+    rather than once per row: the same type's ``from_bytes``, and for counts the
+    mechanism's length checked."""
+    empty = mechanism.empty_statistics()
+    if isinstance(empty, MomentStatistics):
+        return MomentStatistics.from_bytes
+    length = empty.length
+
+    def read(data: bytes) -> CountStatistics:
+        stats = CountStatistics.from_bytes(data)
+        if stats.length != length:
+            raise ValueError(
+                f"statistics have {stats.length} counts, this mechanism keeps {length}"
+            )
+        return stats
+
+    return read
+
+
+def grouped_statistics(
+    mechanism: Mechanism[Any], rows: Sequence[PartialRow], group: np.ndarray, count: int
+) -> tuple[CountStatistics | MomentStatistics, list[CountStatistics | MomentStatistics]]:
+    """The statistics of all ``rows`` and of each of ``count`` groups (``group[i]``: the
+    group of row i): each row read once, and summed into its group's row of a (groups x
+    length) count matrix.
+
+    Count statistics: the rows are taken in group order, one at a time (so memory is one
+    row and one slice of the matrix, at most ``_GROUPED_CELLS`` counts: a breakdown of a
+    large-domain metric never holds every row's vector at once); row i's nonzero entries
+    are added to row ``group[i]`` of the slice (``matrix[g, indices] += values``, exact:
+    its indices are distinct); the total is the sum of the groups' vectors. Moments: n,
+    sum and sum of squares by three ``np.bincount`` over the groups. Equal to
+    ``merged_statistics`` of each group (sums are associative; for moments up to
+    floating-point rounding).
+    """
+    read = statistics_reader(mechanism)
+    group = np.asarray(group, dtype=np.int64)
+    empty = mechanism.empty_statistics()
+    each: list[CountStatistics | MomentStatistics] = []
+    if isinstance(empty, MomentStatistics):
+        moments = [read(row.stats) for row in rows]
+        n, totals, squares = (
+            np.bincount(group, weights=[getattr(m, field) for m in moments], minlength=count)
+            for field in ("n", "total", "total_squares")
+        )
+        sizes = n.astype(np.int64).tolist()
+        each.extend(
+            MomentStatistics(size, total, square)
+            for size, total, square in zip(sizes, totals.tolist(), squares.tolist(), strict=True)
+        )
+        return MomentStatistics(sum(sizes), float(totals.sum()), float(squares.sum())), each
+    length = empty.length
+    order = np.argsort(group, kind="stable")
+    owners = group[order].tolist()
+    positions = order.tolist()
+    per_slice = max(1, _GROUPED_CELLS // max(length, 1))
+    edges = np.searchsorted(group[order], np.arange(0, count + per_slice, per_slice)).tolist()
+    total = np.zeros(length, dtype=np.int64) if count > 1 else None
+    for number, first in enumerate(range(0, count, per_slice)):
+        span = min(per_slice, count - first)
+        matrix = np.zeros((span, length), dtype=np.int64)
+        sizes = [0] * span
+        for k in range(edges[number], edges[number + 1]):
+            stats = read(rows[positions[k]].stats)
+            assert isinstance(stats, CountStatistics)
+            indices, values = stats.nonzero()
+            matrix[owners[k] - first, indices] += values
+            sizes[owners[k] - first] += stats.n
+        if total is not None:
+            total += matrix.sum(axis=0)
+        each.extend(CountStatistics(size, matrix[g]) for g, size in enumerate(sizes))
+    whole = each[0] if total is None else CountStatistics(sum(s.n for s in each), total)
+    return whole, each
 
 
 @dataclass(frozen=True)
@@ -396,13 +595,14 @@ class EstimateBase(BaseModel):
     confidence: float = CONFIDENCE
     window: Window
     min_reports: int = Field(
-        description="Release threshold: a time bucket's reports enter the estimate only if "
-        "the bucket holds at least this many."
+        description="Release threshold: a unit's reports enter the estimate only if the "
+        "unit holds at least this many. A unit is a time bucket of one cell (combination "
+        "of the metric's dimension values); without dimensions, a time bucket."
     )
-    buckets: int = Field(description="Time buckets whose reports make up the estimate (n).")
+    buckets: int = Field(description="Units (time buckets per cell) that make up n.")
     suppressed_buckets: int = Field(
-        description="Time buckets of the window left out: they hold reports, fewer than "
-        "min_reports."
+        description="Units (time buckets per cell) of the window left out: they hold "
+        "reports, fewer than min_reports."
     )
     suppressed_reports: int = Field(
         description="Reports in the suppressed buckets (report counts are public, as n is; "
@@ -412,6 +612,27 @@ class EstimateBase(BaseModel):
         description="Of suppressed_reports, those in the current time bucket (the one now "
         "falls in), which is still filling: they enter the estimate once the bucket holds "
         "min_reports reports. Reports that arrived but are not in n yet."
+    )
+    where: dict[str, str] = Field(
+        default_factory=dict,
+        description="The request's where= filters (dimension -> value), echoed; {} when "
+        "none. The estimate is of the cells matching all of them.",
+    )
+    by: list[str] | None = Field(
+        default=None,
+        description="The request's by= dimensions, or null: then groups is null.",
+    )
+    groups: list[EstimateGroup] | None = Field(
+        default=None,
+        description="With by=: one estimate per combination of the by= dimensions' values "
+        "that has a released unit (time bucket of a cell holding min_reports reports), in "
+        "mixed radix order (the first dimension most significant): its dimensions, then "
+        "exactly what where=<its values> answers. Null without by=.",
+    )
+    withheld_groups: int = Field(
+        default=0,
+        description="With by=: groups that hold reports in the window but no released unit "
+        "(left out of groups; their size is public as n is, their values never used).",
     )
 
 
@@ -687,6 +908,41 @@ EstimateOut = (
     CategoricalEstimateOut | NumericEstimateOut | StringEstimateOut | DistributionEstimateOut
 )
 
+_GROUP_DIMENSIONS = "The group's value of each by= dimension."
+
+
+class CategoricalGroupOut(CategoricalEstimateOut):
+    dimensions: dict[str, str] = Field(description=_GROUP_DIMENSIONS)
+
+
+class NumericGroupOut(NumericEstimateOut):
+    dimensions: dict[str, str] = Field(description=_GROUP_DIMENSIONS)
+
+
+class StringGroupOut(StringEstimateOut):
+    dimensions: dict[str, str] = Field(description=_GROUP_DIMENSIONS)
+
+
+class DistributionGroupOut(DistributionEstimateOut):
+    dimensions: dict[str, str] = Field(description=_GROUP_DIMENSIONS)
+
+
+#: One group of a breakdown (``EstimateBase.groups``).
+EstimateGroup = CategoricalGroupOut | NumericGroupOut | StringGroupOut | DistributionGroupOut
+for _model in (
+    EstimateBase,
+    CategoricalEstimateOut,
+    NumericEstimateOut,
+    StringEstimateOut,
+    HeavyHittersOut,
+    DistributionEstimateOut,
+    CategoricalGroupOut,
+    NumericGroupOut,
+    StringGroupOut,
+    DistributionGroupOut,
+):
+    _model.model_rebuild()
+
 
 class SeriesStep(BaseModel):
     start: str = Field(description="The step's first instant (UTC, inclusive).")
@@ -716,6 +972,14 @@ class SeriesOut(BaseModel):
         description="The kind of the steps' estimates (also for the steps with none)."
     )
     epsilon: float
+    where: dict[str, str] = Field(
+        default_factory=dict, description="The request's where= filters, echoed ({} when none)."
+    )
+    by: list[str] | None = Field(
+        default=None,
+        description="The request's by= dimensions, or null; each step's estimate then "
+        "carries its groups.",
+    )
     step: SeriesStepName
     start: str = Field(description="The first step's start (UTC): the range widened to steps.")
     end: str = Field(description="The last step's end (UTC, exclusive).")
@@ -768,6 +1032,81 @@ def build_estimate(
     else:
         answer |= _frequency_items(metric, result, projected, listing.indices) | {"vectors": None}
     return base | answer | listing.as_json()
+
+
+def check_breakdown(
+    metric: MetricSpec,
+    mechanism: Mechanism[Any],
+    selection: Selection,
+    candidates: list[str] | None,
+    view: ValueView,
+) -> None:
+    """ValueError unless a ``by=`` estimate lists at most ``MAX_SERIES_VALUES`` values in
+    all: its groups times the values one estimate lists (``series_values``, plus a
+    distribution's histogram and CDF, 2 D + 1), so that a breakdown's work is bounded as a
+    series' is."""
+    if selection.by is None:
+        return
+    strings = (
+        estimated_strings(metric, candidates)
+        if as_candidate_queries(mechanism) is not None
+        else None
+    )
+    values = series_values(mechanism, strings, view)
+    if (spec := as_distribution_spec(metric.mechanism)) is not None:
+        values += 2 * spec.bucket_count + 1
+    total = selection.groups * values
+    if total > MAX_SERIES_VALUES:
+        raise DimensionError(
+            "by",
+            f"by={','.join(selection.by)} makes {selection.groups:,} groups x {values:,} values "
+            f"= {total:,}; at most {MAX_SERIES_VALUES:,}: break down by fewer or smaller "
+            "dimensions, or fix some with where=",
+        )
+
+
+def breakdown(
+    metric: MetricSpec,
+    mechanism: Mechanism[Any],
+    rows: Sequence[PartialRow],
+    window: EstimateWindow,
+    selection: Selection,
+    min_reports: int,
+    current: int,
+    statistics: Sequence[CountStatistics | MomentStatistics],
+    candidates: list[str] | None = None,
+    view: ValueView = DEFAULT_VIEW,
+    value_buckets: bool = True,
+) -> dict[str, object]:
+    """The breakdown fields of an estimate over ``rows`` (the window's rows of the cells
+    ``selection`` keeps): ``where``, ``by``, and with ``by`` one estimate per group that
+    has a released unit (``groups``: its ``dimensions``, then exactly the fields
+    ``build_estimate`` gives for the group's released units, as ``where=`` its values
+    answers) and how many groups hold reports but no released unit (``withheld_groups``).
+    ``statistics``: each group's statistics of its released units (``grouped_statistics``
+    of the released rows, by ``Selection.group_of``).
+
+    The units are released for all groups at once (``ReleasedBuckets.grouped``); then one
+    ``build_estimate`` per listed group."""
+    fields = selection.as_json()
+    if selection.by is None:
+        return fields | {"groups": None, "withheld_groups": 0}
+    released = ReleasedBuckets.grouped(
+        rows, selection.group_of_cell, selection.groups, min_reports, current
+    )
+    groups = []
+    for g, group in enumerate(released):
+        if not group.rows:
+            continue
+        stats = statistics[g]
+        values = selection.labels[g]
+        estimate = build_estimate(
+            metric, mechanism, stats, window, group, candidates, view, value_buckets
+        )
+        estimate.update(where=selection.where | values, by=None, groups=None, withheld_groups=0)
+        groups.append({"dimensions": values, **estimate})
+    withheld = sum(1 for group in released if not group.rows and group.suppressed_reports)
+    return fields | {"groups": groups, "withheld_groups": withheld}
 
 
 def _mean_estimate(result: MeanEstimate) -> dict[str, object]:
@@ -957,11 +1296,14 @@ def series_strings(
     grid: SeriesGrid,
     candidates: list[str] | None,
     view: ValueView = DEFAULT_VIEW,
+    groups: int = 1,
 ) -> list[str] | None:
     """The strings a string metric's series estimates (``estimated_strings``; None for the
     other metrics), once the series is known to fit: ValueError when it would hold more
-    than ``MAX_SERIES_VALUES`` values (steps times ``series_values``), or for a view that
-    is not a series' (``format=vectors``).
+    than ``MAX_SERIES_VALUES`` values (steps times ``series_values`` times the ``groups``
+    of a breakdown, each with its own values beside the step's) or, with groups, more than
+    ``MAX_SERIES_STEPS`` group estimates (steps times groups: each costs an estimate's
+    work, whatever it lists), or for a view that is not a series' (``format=vectors``).
     """
     if view.format != "json":
         raise ValueError("a series lists its categories as JSON: omit format")
@@ -971,13 +1313,23 @@ def series_strings(
         if as_candidate_queries(mechanism) is not None
         else None
     )
-    values = series_values(mechanism, listed, view)
+    if groups > 1 and grid.count * groups > MAX_SERIES_STEPS:
+        raise DimensionError(
+            "by",
+            f"the series would hold {grid.count:,} steps x {groups:,} groups = "
+            f"{grid.count * groups:,} group estimates; at most {MAX_SERIES_STEPS:,}: choose a "
+            "shorter range, step=1d, a by= of fewer groups, or fix some with where=",
+        )
+    each = series_values(mechanism, listed, view)
+    values = each * (groups + (groups > 1))
     if grid.count * values > MAX_SERIES_VALUES:
         narrower = {
-            "categorical": f"fewer categories (values=..., or limit=; each step lists "
-            f"{values // 2:,})",
+            "categorical": f"fewer categories (values=..., or limit=; each estimate lists "
+            f"{each // 2:,})",
             "distribution": "fewer quantiles",
         }.get(metric.mechanism.kind, "fewer candidates")
+        if groups > 1:
+            narrower += ", or a by= of fewer groups"
         raise ValueError(
             f"the series would hold {grid.count} step{'s' * (grid.count != 1)} x {values} "
             f"values = {grid.count * values:,}; at most {MAX_SERIES_VALUES:,}: choose a "
@@ -995,16 +1347,20 @@ def build_series(
     current: int,
     strings: list[str] | None = None,
     view: ValueView = DEFAULT_VIEW,
+    selection: Selection | None = None,
 ) -> dict[str, object]:
     """One estimate per step of ``grid`` from ``rows`` (the range's partial rows), JSON-ready
     in the ``SeriesOut`` shape; a string metric's at ``strings`` (``series_strings``), a
-    categorical one's listing the categories ``view`` chooses. ``current`` is the start of
-    the bucket still filling (``current_bucket``).
+    categorical one's listing the categories ``view`` chooses, of the cells ``selection``
+    keeps and with its groups (``breakdown``). ``current`` is the start of the bucket
+    still filling (``current_bucket``).
 
     The rows are grouped by step in one pass (a stable sort of their step indices); each
-    step's estimate is ``build_estimate`` of its released buckets (``ReleasedBuckets``), or
-    None when no bucket of the step holds ``min_reports`` reports.
+    step's estimate is ``build_estimate`` of its released units (``ReleasedBuckets``), or
+    None when no unit of the step holds ``min_reports`` reports.
     """
+    selection = selection or Selection.of(metric)
+    rows = selection.rows(rows)
     buckets = np.fromiter((row.bucket for row in rows), dtype=np.int64, count=len(rows))
     sizes = np.fromiter((row.n for row in rows), dtype=np.int64, count=len(rows))
     step_of = (buckets - grid.first) // grid.seconds
@@ -1014,16 +1370,27 @@ def build_series(
     steps: list[dict[str, object]] = []
     for index in range(grid.count):
         window = grid.window(index)
-        released = ReleasedBuckets.of(
-            [rows[i] for i in order[edges[index] : edges[index + 1]].tolist()],
-            min_reports,
-            current,
-        )
+        step_rows = [rows[i] for i in order[edges[index] : edges[index + 1]].tolist()]
+        released = ReleasedBuckets.of(step_rows, min_reports, current)
         estimate = None
         if released.rows:
-            stats = merged_statistics(mechanism, released.rows)
+            stats, each = grouped_statistics(
+                mechanism, released.rows, selection.group_of(released.rows), selection.groups
+            )
             estimate = build_estimate(
                 metric, mechanism, stats, window, released, strings, view, value_buckets=False
+            ) | breakdown(
+                metric,
+                mechanism,
+                step_rows,
+                window,
+                selection,
+                min_reports,
+                current,
+                each,
+                strings,
+                view,
+                value_buckets=False,
             )
         steps.append({**window.as_json(), "n": totals[index], "estimate": estimate})
     return {
@@ -1032,6 +1399,7 @@ def build_series(
         "mechanism": metric.mechanism.mechanism,
         "kind": metric.mechanism.kind,
         "epsilon": metric.mechanism.epsilon,
+        **selection.as_json(),
         "step": grid.step,
         "start": _iso(grid.first),
         "end": _iso(grid.stop),

@@ -1,15 +1,19 @@
 """Validating a batch of reports and folding it into sufficient statistics.
 
-The wire batch is ``{"reports": [{"report_id", "metric", "version", "payload", "time"}]}``
-(``report_id`` a UUID, ``time`` an optional ISO-8601 UTC hour). ``prepare`` checks
-everything that can be checked without the database: the envelope (pydantic), the
-metric version, the time bucket and every payload (the mechanism's own
-``from_payloads``), and groups the reports by metric version. It raises
-``InvalidBatchError`` listing what was wrong, by report index and field, before anything
-is written, and folds the reports into ``PartialRow``s (one per metric, version and time
-bucket). Inside the transaction that records the ids, ``PreparedBatch.fold`` hands over
-those rows when every id turned out new, or folds the new reports again when some were
-not.
+The wire batch is ``{"reports": [{"report_id", "metric", "version", "payload", "time",
+"dimensions"}]}`` (``report_id`` a UUID, ``time`` an optional ISO-8601 UTC hour,
+``dimensions`` the report's public dimension values, required for a metric that declares
+dimensions and refused for one that does not). ``prepare`` checks everything that can be
+checked without the database: the envelope (pydantic), the metric version, the time
+bucket, the dimension values (against the metric version's, ``shared.dimensions``: a
+problem's field is ``dimensions.NAME`` for an unknown or missing dimension or a value not
+allowed, ``dimensions`` for values sent to a metric without dimensions) and every payload
+(the mechanism's own ``from_payloads``), and groups the reports by metric version. It
+raises ``InvalidBatchError`` listing what was wrong, by report index and field, before
+anything is written (one bad report refuses the whole batch), and folds the reports into
+``PartialRow``s (one per metric, version, time bucket and cell). Inside the transaction
+that records the ids, ``PreparedBatch.fold`` hands over those rows when every id turned
+out new, or folds the new reports again when some were not.
 """
 
 from __future__ import annotations
@@ -20,9 +24,10 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from aggregator.repositories.reports import PartialRow
+from aggregator.repositories.reports import UNIT_RADIX, PartialRow
+from shared.dimensions import NO_DIMENSIONS, DimensionError, Dimensions
 from shared.mechanisms import Mechanism
-from shared.schemas import Report, ReportBatch
+from shared.schemas import MetricSpec, Report, ReportBatch
 
 #: Reports may be stamped up to this far ahead of the server's clock (clock skew).
 FUTURE_TOLERANCE = timedelta(hours=1)
@@ -76,6 +81,7 @@ class Group:
     positions: np.ndarray  # indices into the batch's distinct ids; -1 for a repeated id
     buckets: np.ndarray  # time bucket (start, unix seconds) of each report
     reports: np.ndarray
+    cells: np.ndarray  # the cell of each report's dimension values (0 without dimensions)
 
 
 @dataclass
@@ -92,14 +98,19 @@ class PreparedBatch:
     folded: list[PartialRow] | None = None
 
     def fold(self, new: list[bool]) -> list[PartialRow]:
-        """Statistics of the reports whose id is new, one row per (metric, version, bucket)."""
+        """Statistics of the reports whose id is new, one row per (metric, version, bucket,
+        cell)."""
         if self.folded is not None and all(new):
             return self.folded
         return self._fold(np.asarray(new, dtype=bool))
 
     def _fold(self, mask: np.ndarray | None) -> list[PartialRow]:
         """The rows of the reports at the first occurrence of an id, and (given a ``mask``
-        over the distinct ids) only of those it marks."""
+        over the distinct ids) only of those it marks.
+
+        A group's reports are sorted once by (bucket, cell) (a stable argsort of
+        ``bucket * UNIT_RADIX + cell``) and each unit's run aggregated by one ``aggregate``
+        call, so the work is O(n log n) plus one call per (bucket, cell) present."""
         rows = []
         for group in self.groups:
             keep = group.positions >= 0
@@ -107,21 +118,35 @@ class PreparedBatch:
                 keep &= mask[np.maximum(group.positions, 0)]
             if not keep.any():
                 continue
-            reports, buckets = group.reports[keep], group.buckets[keep]
-            for bucket in np.unique(buckets):
-                stats = group.mechanism.aggregate(reports[buckets == bucket])
+            reports, buckets, cells = group.reports[keep], group.buckets[keep], group.cells[keep]
+            keys = buckets * UNIT_RADIX + cells
+            order = np.argsort(keys, kind="stable")
+            units, starts = np.unique(keys[order], return_index=True)
+            ends = [*starts[1:].tolist(), order.size]
+            for unit, start, end in zip(units.tolist(), starts.tolist(), ends, strict=True):
+                stats = group.mechanism.aggregate(reports[order[start:end]])
+                bucket, cell = divmod(unit, UNIT_RADIX)
                 rows.append(
-                    PartialRow(group.metric, group.version, int(bucket), stats.n, stats.to_bytes())
+                    PartialRow(group.metric, group.version, bucket, stats.n, stats.to_bytes(), cell)
                 )
         return rows
 
 
 class MechanismLookup(Protocol):
-    """Where ``prepare`` finds metric versions (``aggregator.catalog.Catalog``)."""
+    """Where ``prepare`` finds metric versions (``aggregator.catalog.Catalog``): their
+    mechanisms, versions and (``get``) specs, whose dimensions the reports must match."""
 
     def mechanism(self, name: str, version: int) -> Mechanism | None: ...
 
     def versions(self, name: str) -> list[Any]: ...
+
+
+def _dimensions_of(catalog: MechanismLookup, metric: str, version: int) -> Dimensions:
+    """The dimensions of a metric version; a lookup that serves mechanisms alone (without
+    ``get``, as test doubles of the catalog) serves metrics without dimensions."""
+    get = getattr(catalog, "get", None)
+    spec: MetricSpec | None = get(metric, version) if get is not None else None
+    return spec.dimension_set if spec is not None else NO_DIMENSIONS
 
 
 def prepare(
@@ -168,9 +193,17 @@ def prepare(
         except ValueError:
             problems.append(_first_bad_payload(mechanism, payloads, indices))
             continue
+        cells = _cells(
+            _dimensions_of(catalog, metric, version),
+            [reports[index].dimensions for index in indices],
+            indices,
+        )
+        if isinstance(cells, dict):
+            problems.append(cells)
+            continue
         rows = np.asarray(indices, dtype=np.int64)
         prepared.groups.append(
-            Group(metric, version, mechanism, positions[rows], bucket_of[rows], decoded)
+            Group(metric, version, mechanism, positions[rows], bucket_of[rows], decoded, cells)
         )
     if problems:
         problems.sort(key=lambda p: p["report"])
@@ -279,6 +312,24 @@ def _missing(catalog: MechanismLookup, metric: str, version: int) -> Missing:
 
 def _problem(index: int, field_name: str, message: str) -> dict[str, Any]:
     return {"report": index, "field": field_name, "message": message}
+
+
+def _cells(
+    dimensions: Dimensions, given: list[dict[str, str] | None], indices: list[int]
+) -> np.ndarray | dict[str, Any]:
+    """The cell of each report's dimension values (``Dimensions.cells_of``: each distinct
+    combination checked once), or the problem of the first report whose values the
+    metric version refuses (field ``dimensions.NAME`` or ``dimensions``)."""
+    try:
+        return dimensions.cells_of(given)
+    except DimensionError:
+        pass
+    for mapping, index in zip(given, indices, strict=True):
+        try:
+            dimensions.cell_of(mapping)
+        except DimensionError as error:
+            return _problem(index, error.field, error.reason)
+    raise AssertionError("cells_of refused values that cell_of accepts")
 
 
 def _unexpected_fields(

@@ -3,12 +3,14 @@
 A metric is a name, a description, a ``MechanismSpec`` (the public privacy promise) and
 either ``labels`` (categorical metrics: the category names in index order; RAPPOR: the
 candidate strings the estimate decodes against) or nothing (numeric metrics, whose
-bounds are in the spec). Definitions come from a TOML file (``--config``) and from
-``PUT /v1/metrics/{name}``.
+bounds are in the spec), and optionally public ``dimensions`` (name -> allowed values,
+sent in the clear with each report; ``shared.dimensions``). Definitions come from a TOML
+file (``--config``) and from ``PUT /v1/metrics/{name}``.
 
 Versions. Reports are made under one spec and can only be debiased under that spec, so
 a metric's spec is immutable once reports may exist: changing the mechanism, epsilon or
-any other spec field, or the labels (which give the indices their meaning), creates
+any other spec field, the labels (which give the indices their meaning) or the
+dimensions (whose order numbers the cells the statistics are kept by), creates
 version v + 1. Reports carry the version they were made for and aggregate under it for
 ever. A change of description alone updates the current version in place.
 """
@@ -79,6 +81,13 @@ DEMO_METRICS: dict[str, MetricDefinition] = {
         description="Screen the app opened on (demo, categorical, chosen by variance).",
         mechanism=_spec(mechanism="auto", epsilon=1.0, domain_size=8),
         labels=("home", "search", "feed", "inbox", "profile", "settings", "camera", "map"),
+    ),
+    "app.night_mode": MetricDefinition(
+        description="Whether night mode was on, by platform and app version (demo, "
+        "categorical, GRR, with public dimensions: try estimate?by=platform).",
+        mechanism=_spec(mechanism="grr", epsilon=1.0, domain_size=2),
+        labels=("off", "on"),
+        dimensions={"platform": ("android", "ios"), "version": ("1.0", "2.0")},
     ),
     "app.session_minutes": MetricDefinition(
         description="Session length in minutes, clipped to 0..120 (demo, numeric).",

@@ -20,12 +20,16 @@ from aggregator.estimates import (
     MAX_HEAVY_HITTERS,
     EstimateWindow,
     ReleasedBuckets,
+    Selection,
     SeriesGrid,
     SeriesStepName,
+    breakdown,
     build_estimate,
     build_heavy_hitters,
     build_series,
+    check_breakdown,
     current_bucket,
+    grouped_statistics,
     merged_statistics,
     series_strings,
 )
@@ -33,7 +37,7 @@ from aggregator.federated import Federated
 from aggregator.ingest import BatchTooLargeError, prepare, utc_now
 from aggregator.registry import check_metric_name
 from aggregator.repositories.metrics import MetricsRepository
-from aggregator.repositories.reports import ReportsRepository
+from aggregator.repositories.reports import PartialRow, ReportsRepository
 from aggregator.settings import Settings
 from aggregator.storage import Repositories, StorageHealth, StorageUnavailableError
 from aggregator.value_listing import DEFAULT_VIEW, ValueView
@@ -45,7 +49,7 @@ from shared.schemas import (
     MetricSpec,
     ReportBatch,
 )
-from shared.statistics import CountStatistics, MomentStatistics
+from shared.statistics import CountStatistics
 
 __all__ = [
     "Aggregator",
@@ -78,10 +82,16 @@ class NotDiscoveryMetricError(InvalidEstimateError):
 
 class NotEnoughReportsError(Exception):
     """No time bucket in the window holds the release threshold's number of reports
-    (``pending`` of the window's ``n`` reports are in the current bucket, still filling)."""
+    (``pending`` of the window's ``n`` reports are in the current bucket, still filling).
+    For a metric with dimensions (``per_cell``) the threshold applies to each time bucket
+    of each cell, and the message says so."""
 
-    def __init__(self, n: int, needed: int, buckets: int, pending: int = 0) -> None:
-        where = f" in {buckets} time bucket{'s' * (buckets != 1)}" if buckets else ""
+    def __init__(
+        self, n: int, needed: int, buckets: int, pending: int = 0, per_cell: bool = False
+    ) -> None:
+        unit = "time bucket of one cell" if per_cell else "time bucket"
+        units = "time buckets of one cell" if per_cell else "time buckets"
+        where = f" in {buckets} {unit if buckets == 1 else units}" if buckets else ""
         waiting = (
             f" ({pending} of them in the current time bucket, which is still filling: they "
             f"are released once it holds {needed})"
@@ -89,8 +99,8 @@ class NotEnoughReportsError(Exception):
             else ""
         )
         super().__init__(
-            f"the window holds {n} reports{where}; an estimate is built only from time "
-            f"buckets holding at least {needed} reports each, and the window has none{waiting}"
+            f"the window holds {n} reports{where}; an estimate is built only from {units} "
+            f"holding at least {needed} reports each, and the window has none{waiting}"
         )
         self.n, self.needed, self.buckets, self.pending = n, needed, buckets, pending
 
@@ -186,20 +196,45 @@ class Aggregator:
         candidates: list[str] | None = None,
         view: ValueView = DEFAULT_VIEW,
         now: datetime | None = None,
+        where: list[str] | None = None,
+        by: str | None = None,
     ) -> dict[str, object]:
         """The estimate of one metric version over ``start <= time < end`` (JSON-ready),
-        listing the categories ``view`` chooses (``aggregator.value_listing``).
+        listing the categories ``view`` chooses (``aggregator.value_listing``), of the cells
+        matching every ``where=NAME:VALUE`` item, and with ``by=NAME[,NAME2]`` one estimate
+        per group of those dimensions' values (``breakdown``).
 
-        Only the time buckets holding at least ``min_reports`` reports are used
-        (``ReleasedBuckets``; the bucket of ``now``, default the present, is the one still
-        filling); ``NotEnoughReportsError`` when the window has none. The partial rows are
-        summed into one accumulator (``merge_many``), not pairwise. A window or candidates
-        that cannot be used raise ``InvalidEstimateError``.
+        Only the units (time buckets per cell) holding at least ``min_reports`` reports are
+        used (``ReleasedBuckets``; the bucket of ``now``, default the present, is the one
+        still filling); ``NotEnoughReportsError`` when the window has none. Each partial
+        row is read once and summed into its group and the total (``grouped_statistics``),
+        not pairwise. A window, candidates or dimensions that cannot be used raise
+        ``InvalidEstimateError``.
         """
         metric, mechanism = self._metric(name, version)
         try:
-            window, released, stats = self._released(metric, mechanism, start, end, now)
-            return build_estimate(metric, mechanism, stats, window, released, candidates, view)
+            selection = Selection.of(metric, where or (), by)
+            check_breakdown(metric, mechanism, selection, candidates, view)
+            window, released, rows, current = self._released(
+                metric, mechanism, start, end, now, selection
+            )
+            stats, each = grouped_statistics(
+                mechanism, released.rows, selection.group_of(released.rows), selection.groups
+            )
+            return build_estimate(
+                metric, mechanism, stats, window, released, candidates, view
+            ) | breakdown(
+                metric,
+                mechanism,
+                rows,
+                window,
+                selection,
+                self.settings.min_reports,
+                current,
+                each,
+                candidates,
+                view,
+            )
         except ValueError as error:
             raise InvalidEstimateError(str(error)) from None
 
@@ -213,10 +248,13 @@ class Aggregator:
         candidates: list[str] | None = None,
         now: datetime | None = None,
         view: ValueView = DEFAULT_VIEW,
+        where: list[str] | None = None,
+        by: str | None = None,
     ) -> dict[str, object]:
         """One estimate per step of one metric version over ``[start, end)`` widened to whole
         steps (``SeriesGrid``; JSON-ready in the ``SeriesOut`` shape), each step listing the
-        categories ``view`` chooses.
+        categories ``view`` chooses, of the cells ``where`` keeps and with the groups of
+        ``by`` (as ``estimate``).
 
         Each step's estimate is what ``estimate`` gives for the step's window, or None where
         that is refused for want of reports (the step's ``n`` is still given). The range's
@@ -226,12 +264,21 @@ class Aggregator:
         metric, mechanism = self._metric(name, version)
         try:
             now = now or utc_now()
+            selection = Selection.of(metric, where or (), by)
             grid = SeriesGrid.of(start, end, step, self.settings.bucket_seconds, now)
-            strings = series_strings(metric, mechanism, grid, candidates, view)
+            strings = series_strings(metric, mechanism, grid, candidates, view, selection.groups)
             rows = self._reports.partial_rows(metric.name, metric.version, grid.first, grid.stop)
             current = current_bucket(now, self.settings.bucket_seconds)
             return build_series(
-                metric, mechanism, rows, grid, self.settings.min_reports, current, strings, view
+                metric,
+                mechanism,
+                rows,
+                grid,
+                self.settings.min_reports,
+                current,
+                strings,
+                view,
+                selection,
             )
         except ValueError as error:
             raise InvalidEstimateError(str(error)) from None
@@ -243,9 +290,11 @@ class Aggregator:
         version: int | None = None,
         start: datetime | None = None,
         end: datetime | None = None,
+        where: list[str] | None = None,
     ) -> dict[str, object]:
         """The ``k`` most frequent strings of a discovery metric (``pem``, ``sfp``) over
-        ``start <= time < end``, found without candidates (JSON-ready).
+        ``start <= time < end``, found without candidates (JSON-ready), among the reports
+        of the cells matching every ``where=NAME:VALUE`` item.
 
         The window, version and release threshold are the estimate's (``estimate``).
         ``NotDiscoveryMetricError`` for a metric of another mechanism, and
@@ -268,9 +317,12 @@ class Aggregator:
         if not 1 <= k <= MAX_HEAVY_HITTERS:
             raise InvalidEstimateError(f"k must lie in 1..{MAX_HEAVY_HITTERS}, got {k}")
         try:
-            window, released, stats = self._released(metric, mechanism, start, end, None)
+            selection = Selection.of(metric, where or ())
+            window, released, _, _ = self._released(metric, mechanism, start, end, None, selection)
+            stats = merged_statistics(mechanism, released.rows)
             assert isinstance(stats, CountStatistics)  # string mechanisms keep counts
-            return build_heavy_hitters(metric, finder, stats, window, released, k)
+            found = build_heavy_hitters(metric, finder, stats, window, released, k)
+            return found | selection.as_json()
         except ValueError as error:
             raise InvalidEstimateError(str(error)) from None
 
@@ -291,11 +343,15 @@ class Aggregator:
         start: datetime | None,
         end: datetime | None,
         now: datetime | None,
-    ) -> tuple[EstimateWindow, ReleasedBuckets, CountStatistics | MomentStatistics]:
-        """The window, its released buckets (the bucket of ``now``, default the present,
-        still filling) and their statistics merged into one."""
+        selection: Selection,
+    ) -> tuple[EstimateWindow, ReleasedBuckets, list[PartialRow], int]:
+        """The window, its released units of the cells ``selection`` keeps (the bucket of
+        ``now``, default the present, still filling; ``NotEnoughReportsError`` when there
+        are none), the window's rows of those cells, and the start of the current bucket."""
         window = EstimateWindow.of(start, end, self.settings.bucket_seconds)
-        rows = self._reports.partial_rows(metric.name, metric.version, window.first, window.stop)
+        rows = selection.rows(
+            self._reports.partial_rows(metric.name, metric.version, window.first, window.stop)
+        )
         current = current_bucket(now or utc_now(), self.settings.bucket_seconds)
         released = ReleasedBuckets.of(rows, self.settings.min_reports, current)
         if not released.rows:
@@ -304,13 +360,14 @@ class Aggregator:
                 released.min_reports,
                 released.suppressed_buckets,
                 released.pending_reports,
+                per_cell=bool(metric.dimension_set),
             )
-        return window, released, merged_statistics(mechanism, released.rows)
+        return window, released, rows, current
 
     def compact(self) -> CompactionResult:
-        """Merge each (metric, version, bucket)'s partial rows into one."""
+        """Merge each (metric, version, bucket, cell)'s partial rows into one."""
         groups = merged = 0
-        for metric, version, bucket in self._reports.groups_to_compact():
+        for metric, version, bucket, cell in self._reports.groups_to_compact():
             mechanism = self.catalog.mechanism(metric, version)
             if mechanism is None:
                 continue
@@ -323,7 +380,7 @@ class Aggregator:
                 )
                 return total.n, total.to_bytes()  # the smaller of dense and sparse
 
-            rows = self._reports.compact_group(metric, version, bucket, merge)
+            rows = self._reports.compact_group(metric, version, bucket, cell, merge)
             groups += rows > 0
             merged += rows
         return CompactionResult(groups, merged)

@@ -1,7 +1,9 @@
 """The outbox: perturbed reports wait here, in SQLite, until the aggregator acknowledges them.
 
 Only perturbed reports are written (the wire JSON of a report in ``POST /v1/reports``:
-report id, metric, version, payload, hour); raw values never are. ``add`` commits before it
+report id, metric, version, payload, hour, and the public ``dimensions`` of a metric that
+declares some; a row queued before dimensions existed has none and is sent as it is);
+raw values never are. ``add`` commits before it
 returns, so a report survives the app's crash or restart (WAL with
 ``synchronous=NORMAL``: a committed report survives a process crash; a power cut can
 lose the last moments, never the ledger's debit, which is fsynced). Reports leave by

@@ -77,10 +77,12 @@ from client.ledger import BudgetLimits, BudgetStatus, MemoizedCost, PrivacyLedge
 from client.outbox import Outbox
 from client.specs import SpecCache, SpecError
 from client.transport import RetryPolicy, ServerClock, Uploader, UploadError
+from shared.dimensions import DimensionError
 from shared.hashing import keyed_digest
 from shared.mechanisms import (
     DeviceContext,
     Mechanism,
+    as_attributes,
     as_categorical,
     as_distribution,
     as_memoized,
@@ -161,38 +163,71 @@ class TelemetryClient:
 
     # --- recording -------------------------------------------------------------------
 
-    def record(self, metric: str, value: str | int | float | np.integer | np.floating) -> None:
+    def record(
+        self,
+        metric: str,
+        value: str | int | float | np.integer | np.floating | dict[str, Any],
+        dimensions: dict[str, str] | None = None,
+    ) -> None:
         """Report a category (its label, or its index) or a number for ``metric``: a number
         for a numeric metric (a mean) or a distribution metric (``hh``, ``sw``: histogram,
-        quantiles), clipped to the spec's [lower, upper] by the mechanism; each report is
-        charged ``epsilon`` to the ledger like any other."""
+        quantiles), clipped to the spec's [lower, upper] by the mechanism; for a metric of
+        several attributes (kind ``attributes``) a dict, attribute name -> a label or index
+        of a categorical attribute or a number of a numeric one. Each report is charged
+        ``epsilon`` to the ledger like any other.
+
+        ``dimensions``: the report's values of the metric's public dimensions (every one
+        the metric declares, e.g. ``{"platform": "ios"}``), sent in the clear beside the
+        perturbed value: they are NOT protected by local privacy. Checked before anything
+        is spent (``ValueError`` naming the dimension)."""
         spec, digest, mechanism = self._lookup(metric)
+        checked_dimensions(spec, dimensions)
         if (categories := as_categorical(mechanism)) is not None:
             values = category_index(spec, categories.domain_size, value)
         elif as_numeric(mechanism) is not None or as_distribution(mechanism) is not None:
             values = numeric_value(metric, value)
+        elif (attributes := as_attributes(mechanism)) is not None:
+            if not isinstance(value, dict):
+                raise TypeError(
+                    f"{metric}: a value of several attributes is a dict, attribute -> value; "
+                    f"got {value!r}"
+                )
+            try:
+                values = attributes.rows([value])
+            except ValueError as error:
+                raise ValueError(f"{metric}: {error}") from None
         else:
             raise SpecError(
                 f"{metric} collects strings ({spec.mechanism.mechanism}): use record_string"
             )
-        self._report(spec, digest, mechanism, values)
+        self._report(spec, digest, mechanism, values, dimensions)
 
-    def record_string(self, metric: str, value: str) -> None:
+    def record_string(
+        self, metric: str, value: str, dimensions: dict[str, str] | None = None
+    ) -> None:
         """Report a string for a string metric: RAPPOR (memoized per device and spec), or
-        ``cms``, ``hcms``, ``pem``, ``sfp`` (one report, charged ``epsilon``)."""
+        ``cms``, ``hcms``, ``pem``, ``sfp`` (one report, charged ``epsilon``); ``dimensions``
+        as for ``record`` (in the clear, checked before anything is spent)."""
         spec, digest, mechanism = self._lookup(metric)
         if mechanism.kind != "string":
             raise SpecError(f"{metric} is a {mechanism.kind} metric: use record")
+        checked_dimensions(spec, dimensions)
         checked_string(metric, value)
-        self._report(spec, digest, mechanism, [value])
+        self._report(spec, digest, mechanism, [value], dimensions)
 
     def _report(
-        self, spec: MetricSpec, digest: bytes, mechanism: Mechanism[Any], values: Any
+        self,
+        spec: MetricSpec,
+        digest: bytes,
+        mechanism: Mechanism[Any],
+        values: Any,
+        dimensions: dict[str, str] | None,
     ) -> None:
         """Encode one value with the device's context for the spec, charge the ledger what
         the report costs (``epsilon_report``, and a memoized mechanism's lifetime epsilon on
-        a value's first report), then queue it. A value the mechanism refuses raises
-        ``ValueError`` naming the metric, before anything is spent or queued."""
+        a value's first report), then queue it with its ``dimensions`` (checked already). A
+        value the mechanism refuses raises ``ValueError`` naming the metric, before anything
+        is spent or queued."""
         context = self._context(digest)
         try:
             reports = mechanism.encode(values, context=context)
@@ -204,7 +239,7 @@ class TelemetryClient:
         else:
             key = lifelong.ledger_keys(values, context)[0]
             self._ledger.debit_memoized(spec.name, digest, key, memoized_cost(mechanism))
-        self._enqueue(spec, mechanism.to_payloads(reports)[0])
+        self._enqueue(spec, mechanism.to_payloads(reports)[0], dimensions)
 
     def budget(self) -> BudgetStatus:
         """Epsilon spent and left: this period, per metric, and for life."""
@@ -290,14 +325,20 @@ class TelemetryClient:
             )
         return context
 
-    def _enqueue(self, spec: MetricSpec, payload: dict[str, Any]) -> None:
-        report = {
+    def _enqueue(
+        self, spec: MetricSpec, payload: dict[str, Any], dimensions: dict[str, str] | None
+    ) -> None:
+        """Queue the wire report (with its dimensions, when the metric has any: they are
+        kept in the outbox with it and survive restarts)."""
+        report: dict[str, Any] = {
             "report_id": random_uuid4(),
             "metric": spec.name,
             "version": spec.version,
             "payload": payload,
             "time": _hour_stamp(self._server_clock.now()),
         }
+        if dimensions:
+            report["dimensions"] = dict(dimensions)
         self._outbox.add([report])
         self._uploader.notify()
 
@@ -446,6 +487,15 @@ def category_index(spec: MetricSpec, size: int, value: object) -> np.ndarray:
     if not 0 <= int(value) < size:
         raise ValueError(f"{spec.name}: category index {value} is outside 0..{size - 1}")
     return np.array([int(value)])
+
+
+def checked_dimensions(spec: MetricSpec, dimensions: dict[str, str] | None) -> None:
+    """``ValueError`` naming the metric and the dimension unless ``dimensions`` are the
+    report's values of exactly the metric's dimensions (``Dimensions.cell_of``)."""
+    try:
+        spec.dimension_set.cell_of(dimensions)
+    except DimensionError as error:
+        raise ValueError(f"{spec.name}: {error}") from None
 
 
 def checked_string(metric: str, value: str) -> bytes:

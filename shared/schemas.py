@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from functools import cached_property
 from typing import TYPE_CHECKING, Annotated, Any, TypeAlias, cast
 from uuid import UUID
 
@@ -31,6 +32,13 @@ from pydantic import (
 )
 from pydantic.json_schema import JsonDict
 
+from shared.dimensions import (
+    MAX_DIMENSIONS,
+    MAX_VALUE_LENGTH,
+    NO_DIMENSIONS,
+    DimensionError,
+    Dimensions,
+)
 from shared.estimates import Estimate, MeanEstimate  # noqa: F401 - part of the contract
 from shared.mechanisms.registry import MECHANISMS
 from shared.mechanisms.spec import (  # noqa: F401 - part of the contract
@@ -117,6 +125,36 @@ class MetricDefinition(BaseModel):
             "omit."
         ),
     )
+    dimensions: dict[str, tuple[str, ...]] | None = Field(
+        default=None,
+        description=(
+            "Optional public dimensions (breakdowns): name -> allowed values, e.g. "
+            '{"platform": ["android", "ios", "web"]}. Reports carry their values in the '
+            "clear (NOT protected by local privacy; each cell is a smaller crowd: keep them "
+            "coarse); estimates answer by= and where= over them. Names match "
+            "^[a-z][a-z0-9_]{0,31}$; at most 8 dimensions of 1..64 distinct values (1..64 "
+            "characters each), at most 4,096 cells (the product of the sizes). The order "
+            "numbers the cells; changing them makes a new version."
+        ),
+    )
+
+    @field_validator("dimensions")
+    @classmethod
+    def _dimensions_are_bounded(
+        cls, dimensions: dict[str, tuple[str, ...]] | None
+    ) -> dict[str, tuple[str, ...]] | None:
+        if not dimensions:
+            return None
+        try:
+            Dimensions(dimensions)
+        except DimensionError as error:
+            raise ValueError(str(error)) from None
+        return dimensions
+
+    @cached_property
+    def dimension_set(self) -> Dimensions:
+        """The declared dimensions as a ``Dimensions`` (one cell when there are none)."""
+        return Dimensions(self.dimensions) if self.dimensions else NO_DIMENSIONS
 
     @field_validator("labels")
     @classmethod
@@ -168,8 +206,13 @@ class MetricSpec(MetricDefinition):
 
     def same_spec(self, definition: MetricDefinition) -> bool:
         """Whether ``definition`` can share this version (it differs at most in its
-        description or unit)."""
-        return self.mechanism == definition.mechanism and self.labels == definition.labels
+        description or unit): the same mechanism, labels and dimensions (in order: the
+        order numbers the cells)."""
+        return (
+            self.mechanism == definition.mechanism
+            and self.labels == definition.labels
+            and self.dimension_set == definition.dimension_set
+        )
 
 
 class MetricDocument(MetricDefinition):
@@ -217,6 +260,10 @@ PayloadKey = Annotated[str, StringConstraints(max_length=32)]
 PayloadValue = StrictInt | Annotated[float, Field(strict=True, allow_inf_nan=False)] | StrictStr
 
 
+#: A dimension name in a report (checked against the metric's at ingest).
+DimensionName = Annotated[str, StringConstraints(max_length=32)]
+
+
 class Report(BaseModel):
     """One perturbed report. It carries nothing that identifies the device."""
 
@@ -237,6 +284,17 @@ class Report(BaseModel):
     time: datetime | None = Field(
         default=None,
         description="UTC time truncated to the hour (ISO-8601); the server's hour if absent.",
+    )
+    dimensions: (
+        dict[DimensionName, Annotated[str, StringConstraints(max_length=MAX_VALUE_LENGTH)]] | None
+    ) = Field(
+        default=None,
+        max_length=MAX_DIMENSIONS,
+        description=(
+            "The report's values of its metric's dimensions, in the clear (not protected by "
+            'local privacy), e.g. {"platform": "ios"}: every dimension of the metric, '
+            "one of its allowed values each; omit for a metric without dimensions."
+        ),
     )
 
     @field_validator("time")

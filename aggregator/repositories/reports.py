@@ -40,15 +40,15 @@ from aggregator.group_commit import GroupCommitter, Submission
 from aggregator.repositories.database import Database, Repository, StorageUnavailableError
 from aggregator.repositories.schema import partial_stats, report_ids
 
-__all__ = ["PartialRow", "ReportsRepository"]
+__all__ = ["UNIT_RADIX", "PartialRow", "ReportsRepository"]
 
 #: Report ids per SQLite insert statement: a statement that may fail midway keeps the
 #: pages it changes in a statement journal (in memory) until it ends; this bounds it.
 _IDS_PER_STATEMENT = 8192
 _ID_BYTES = 16
-#: Partial rows per multi-row insert (5 parameters each; SQLite takes up to 32,766).
+#: Partial rows per multi-row insert (6 parameters each; SQLite takes up to 32,766).
 _ROWS_PER_STATEMENT = 1000
-_ROW_COLUMNS = ("metric", "version", "bucket", "n", "stats")
+_ROW_COLUMNS = ("metric", "version", "bucket", "cell", "n", "stats")
 
 #: SQLite: insert the ids cut from ``:ids`` (``:count`` of them), skipping stored ones.
 #: ``WHERE true`` tells the parser that ``ON CONFLICT`` is the upsert clause.
@@ -65,15 +65,26 @@ _INSERT_POSTGRESQL = (
 )
 
 
+#: A (bucket, cell) unit as one sortable integer key, ``bucket * UNIT_RADIX + cell``: cells
+#: are below 2^13 (``shared.dimensions.MAX_CELLS`` is 4,096) and buckets Unix seconds below
+#: 2^38, so keys stay below 2^51.
+UNIT_RADIX = 1 << 13
+
+
 @dataclass(frozen=True)
 class PartialRow:
-    """Statistics of some reports of one (metric, version, bucket), serialized."""
+    """Statistics of some reports of one (metric, version, bucket, cell), serialized.
+
+    ``cell``: the reports' combination of public dimension values (``shared.dimensions``);
+    0 for a metric without dimensions.
+    """
 
     metric: str
     version: int
     bucket: int
     n: int
     stats: bytes
+    cell: int = 0
 
 
 @dataclass(eq=False)
@@ -180,7 +191,9 @@ class ReportsRepository(Repository):
             query = query.where(partial_stats.c.bucket < end)
         with self.database.read() as conn:
             rows = conn.execute(query).all()
-        return [PartialRow(r.metric, r.version, r.bucket, r.n, bytes(r.stats)) for r in rows]
+        return [
+            PartialRow(r.metric, r.version, r.bucket, r.n, bytes(r.stats), r.cell) for r in rows
+        ]
 
     def add_partial_rows(self, rows: Sequence[PartialRow]) -> None:
         """Insert statistics directly (loading, benchmarks); no report ids are recorded."""
@@ -197,21 +210,29 @@ class ReportsRepository(Repository):
         with self.database.read() as conn:
             return int(conn.execute(select(func.count()).select_from(report_ids)).scalar_one())
 
-    def groups_to_compact(self, min_rows: int = 2) -> list[tuple[str, int, int]]:
-        """The (metric, version, bucket) groups holding at least ``min_rows`` partial rows."""
-        key = (partial_stats.c.metric, partial_stats.c.version, partial_stats.c.bucket)
+    def groups_to_compact(self, min_rows: int = 2) -> list[tuple[str, int, int, int]]:
+        """The (metric, version, bucket, cell) groups holding at least ``min_rows`` partial
+        rows."""
+        key = (
+            partial_stats.c.metric,
+            partial_stats.c.version,
+            partial_stats.c.bucket,
+            partial_stats.c.cell,
+        )
         with self.database.read() as conn:
             rows = conn.execute(select(*key).group_by(*key).having(func.count() >= min_rows)).all()
-        return [(row[0], row[1], row[2]) for row in rows]
+        return [(row[0], row[1], row[2], row[3]) for row in rows]
 
     def compact_group(
         self,
         metric: str,
         version: int,
         bucket: int,
+        cell: int,
         merge: Callable[[list[bytes]], tuple[int, bytes]],
     ) -> int:
-        """Replace a group's partial rows by one row, their ``merge``; returns rows merged.
+        """Replace a group's partial rows (one metric, version, bucket and cell) by one row,
+        their ``merge``; returns rows merged.
 
         ``merge(list of stats bytes) -> (n, stats bytes)``. DELETE ... RETURNING hands
         each row to exactly one transaction, so concurrent compactions never double count.
@@ -222,6 +243,7 @@ class ReportsRepository(Repository):
                 .where(partial_stats.c.metric == metric)
                 .where(partial_stats.c.version == version)
                 .where(partial_stats.c.bucket == bucket)
+                .where(partial_stats.c.cell == cell)
                 .returning(partial_stats.c.stats)
             ).all()
             if len(deleted) == 0:
@@ -229,7 +251,7 @@ class ReportsRepository(Repository):
             n, stats = merge([bytes(row[0]) for row in deleted])
             conn.execute(
                 insert(partial_stats).values(
-                    metric=metric, version=version, bucket=bucket, n=n, stats=stats
+                    metric=metric, version=version, bucket=bucket, cell=cell, n=n, stats=stats
                 )
             )
             return len(deleted)

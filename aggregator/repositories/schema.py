@@ -7,7 +7,9 @@
 * ``report_ids``: every accepted ``report_id`` (16 bytes), the primary key that makes
   ingest idempotent;
 * ``partial_stats``: append-only sufficient statistics, one row per (metric, version,
-  time bucket) per ingested batch, until compaction merges a group's rows into one;
+  time bucket, cell) per ingested batch, until compaction merges a group's rows into one
+  (``cell``: the combination of the report's public dimension values,
+  ``shared.dimensions``; 0 for a metric without dimensions);
 * ``federated_tasks``: one row per federated learning task: its state (model, clip norm,
   rounds and their privacy cost) as JSON, its status, its open round's number, attempt
   and deadline (``round`` and ``attempt`` repeat the state's, so that a round's close
@@ -36,6 +38,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    inspect,
     select,
     update,
 )
@@ -55,7 +58,7 @@ __all__ = [
     "schema_info",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: The ``schema_info`` row whose value changes (to a new random token) with every change
 #: to ``metric_versions`` (``MetricsRepository.metrics_stamp``).
 METRICS_CHANGE = "metrics_change"
@@ -106,7 +109,8 @@ partial_stats = Table(
     Column("bucket", BigInteger, nullable=False),
     Column("n", BigInteger, nullable=False),
     Column("stats", LargeBinary, nullable=False),
-    Index("partial_stats_group", "metric", "version", "bucket"),
+    Column("cell", Integer, nullable=False, server_default="0"),
+    Index("partial_stats_group", "metric", "version", "bucket", "cell"),
 )
 
 federated_tasks = Table(
@@ -151,5 +155,20 @@ def _add_task_attempts(conn: Connection) -> None:
             )
 
 
+def _add_cells(conn: Connection) -> None:
+    """Version 2 to 3: the ``cell`` column of ``partial_stats`` (every stored row is of
+    cell 0, the one cell of a metric without dimensions, which every metric then was),
+    and the column in the group index that compaction and estimates read by. (A table
+    that has the column already, as one made by a later version's ``create_all``, keeps
+    it.)"""
+    columns = {column["name"] for column in inspect(conn).get_columns("partial_stats")}
+    if "cell" not in columns:
+        conn.exec_driver_sql("ALTER TABLE partial_stats ADD COLUMN cell INTEGER NOT NULL DEFAULT 0")
+    conn.exec_driver_sql("DROP INDEX IF EXISTS partial_stats_group")
+    conn.exec_driver_sql(
+        "CREATE INDEX partial_stats_group ON partial_stats (metric, version, bucket, cell)"
+    )
+
+
 #: ``UPGRADES[v]`` brings a database of schema version ``v`` to ``v + 1``.
-UPGRADES: dict[int, Callable[[Connection], None]] = {1: _add_task_attempts}
+UPGRADES: dict[int, Callable[[Connection], None]] = {1: _add_task_attempts, 2: _add_cells}

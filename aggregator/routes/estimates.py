@@ -46,7 +46,11 @@ from aggregator.value_listing import (
     EstimateFormat,
     ValueOrder,
 )
+from shared.dimensions import MAX_DIMENSIONS, MAX_VALUE_LENGTH
 from shared.schemas import MAX_DOMAIN_SIZE, MAX_LABEL_LENGTH
+
+#: Longest dimension name (``shared.dimensions.DIMENSION_NAME``).
+DIMENSION_NAME_LENGTH = 32
 
 router = APIRouter(
     prefix="/v1/metrics", tags=["estimates"], dependencies=[Depends(require_analyst)]
@@ -174,6 +178,28 @@ Range = Annotated[
 ]
 
 
+Where = Annotated[
+    list[Annotated[str, StringConstraints(min_length=3, max_length=MAX_VALUE_LENGTH + 33)]],
+    Query(
+        max_length=MAX_DIMENSIONS,
+        description="Metrics with dimensions: keep only the reports whose dimension NAME has "
+        "VALUE, as NAME:VALUE (split at the first ':'); repeatable, one per dimension "
+        "(where=platform:ios&where=version:2.0: cells matching all). The answer echoes them "
+        "in where.",
+    ),
+]
+By = Annotated[
+    str | None,
+    Query(
+        max_length=(DIMENSION_NAME_LENGTH + 1) * MAX_DIMENSIONS,
+        description="Metrics with dimensions: NAME or NAME1,NAME2 (distinct dimensions, not "
+        "also in where): add one estimate per combination of their values (groups, each "
+        "exactly what where=<its values> answers; withheld_groups counts those holding "
+        "reports but no time bucket at the release threshold).",
+    ),
+]
+
+
 def _parsed(parameter: str, text: str | None, parse: Callable[[str], object]) -> Any:
     """``parse(text)`` (None for None), or a 422 naming the query ``parameter`` and what
     was wrong, as for any other invalid parameter."""
@@ -245,8 +271,17 @@ async def estimate(
     format: Format = "json",
     quantiles: Quantiles = None,
     value_range: Range = None,
+    where: Where = [],  # noqa: B006
+    by: By = None,
 ) -> Response:
     """Debiased estimate of one metric version over a time window, with std and 95% CI.
+
+    For a metric with dimensions, ``where=NAME:VALUE`` (repeatable) keeps the matching
+    cells and ``by=NAME[,NAME2]`` adds ``groups``: one estimate per combination of those
+    dimensions' values, each exactly what ``where=`` its values answers. The release
+    threshold applies per time bucket and cell. An unknown dimension or value, a repeat,
+    or either parameter on a metric without dimensions is refused (422, naming the
+    parameter and the dimension).
 
     A categorical metric of up to 4,096 categories lists every one, in index order. A
     larger one lists its 1,000 largest unbiased estimates by default, largest first
@@ -268,7 +303,9 @@ async def estimate(
     view = _view(values, order, offset, limit, format, quantiles, value_range)
     return await _bounded(
         request,
-        lambda: service.estimate(name, version, start, end, candidates or None, view),
+        lambda: service.estimate(
+            name, version, start, end, candidates or None, view, where=where, by=by
+        ),
     )
 
 
@@ -290,8 +327,14 @@ async def series(
     limit: Limit = None,
     quantiles: Quantiles = None,
     value_range: Range = None,
+    where: Where = [],  # noqa: B006
+    by: By = None,
 ) -> Response:
     """One estimate per step (a UTC hour or day) of one metric version over a range.
+
+    ``where`` and ``by`` as for the estimate: each step's estimate carries its groups; the
+    100,000 values below count each group's values too, and with ``by`` steps times groups
+    is at most 2,400.
 
     The range is widened to whole steps on the UTC grid; every step of it is listed,
     oldest first, with its report count ``n`` and ``estimate``: exactly what
@@ -318,7 +361,9 @@ async def series(
     # thousands of estimates again would take longer than computing them.
     return await _bounded(
         request,
-        lambda: service.series(name, step, version, start, end, candidates or None, view=view),
+        lambda: service.series(
+            name, step, version, start, end, candidates or None, view=view, where=where, by=by
+        ),
     )
 
 
@@ -338,7 +383,11 @@ async def heavy_hitters(
     start: WindowStart = None,
     end: WindowEnd = None,
     version: VersionQuery = None,
+    where: Where = [],  # noqa: B006
 ) -> Response:
     """The k most frequent strings of a discovery metric (pem, sfp), found without
-    candidates, with std and 95% CI; the window and release threshold as for estimates."""
-    return await _bounded(request, lambda: service.heavy_hitters(name, k, version, start, end))
+    candidates, with std and 95% CI; the window, release threshold and ``where`` filters
+    as for estimates."""
+    return await _bounded(
+        request, lambda: service.heavy_hitters(name, k, version, start, end, where=where)
+    )

@@ -237,6 +237,7 @@ def test_metrics_are_public_and_versioned(api: Api) -> None:
         "mechanism": GRR3,
         "labels": LABELS3,
         "unit": None,
+        "dimensions": None,
     }
     # The same spec with another description: the same version, updated (200).
     same = api.define("colour", GRR3, LABELS3, description="second")

@@ -248,6 +248,7 @@ def test_the_listing_is_served_from_cache_with_an_etag(
         "mechanism": {"mechanism": "grr", "epsilon": 1.0, "domain_size": 3},
         "labels": ["a", "b", "c"],
         "unit": None,
+        "dimensions": None,
     }
     for header in (etag, f"W/{etag}", f'"other", {etag}', "*"):
         cached = api.get("/v1/metrics", headers={"If-None-Match": header})

@@ -150,6 +150,7 @@ def _store_reports(aggregator: Aggregator, rng: np.random.Generator) -> None:
             reports = mechanism.encode(
                 strings, rng=rng, context=DeviceContext(secrets=secrets, cohorts=cohorts)
             )
+        dimensions = metric.dimension_set  # a metric with dimensions: cells in turn
         items = [
             {
                 "report_id": str(uuid.uuid4()),
@@ -157,7 +158,12 @@ def _store_reports(aggregator: Aggregator, rng: np.random.Generator) -> None:
                 "version": metric.version,
                 "payload": payload,
             }
-            for payload in mechanism.to_payloads(reports)
+            | (
+                {"dimensions": dimensions.values_of(i % dimensions.cell_count)}
+                if dimensions
+                else {}
+            )
+            for i, payload in enumerate(mechanism.to_payloads(reports))
         ]
         aggregator.ingest(ReportBatch.model_validate({"reports": items}))
 

@@ -438,7 +438,7 @@ def test_the_openapi_document_describes_the_series(api: Api) -> None:
     parameters = {p["name"]: p for p in operation["parameters"]}
     assert set(parameters) == {
         *("name", "step", "start", "end", "version", "candidates"),
-        *("values", "order", "offset", "limit", "quantiles", "range"),
+        *("values", "order", "offset", "limit", "quantiles", "range", "where", "by"),
     }
     assert parameters["step"]["schema"]["enum"] == ["1h", "1d"]
     assert parameters["step"]["schema"]["default"] == "1h"

@@ -278,9 +278,9 @@ def test_compaction_merges_each_group_into_one_row(storage: Repositories) -> Non
         storage.reports.add_partial_rows(rows)
     storage.reports.add_partial_rows([count_row("single", 1, 0, [1, 1, 1, 1])])
 
-    assert sorted(storage.reports.groups_to_compact()) == sorted(groups)
+    assert sorted(storage.reports.groups_to_compact()) == sorted((*g, 0) for g in groups)
     for group in groups:
-        assert storage.reports.compact_group(*group, merge_counts) == 5
+        assert storage.reports.compact_group(*group, 0, merge_counts) == 5
 
     assert storage.reports.groups_to_compact() == []
     for metric, version, bucket in groups:
@@ -289,8 +289,8 @@ def test_compaction_merges_each_group_into_one_row(storage: Repositories) -> Non
         assert rows[0].n == sum(row.n for row in added[(metric, version, bucket)])
         assert merged(rows) == merged(added[(metric, version, bucket)])
     # A group already compacted, or empty, merges nothing further.
-    assert storage.reports.compact_group("m", 1, 0, merge_counts) == 1
-    assert storage.reports.compact_group("none", 1, 0, merge_counts) == 0
+    assert storage.reports.compact_group("m", 1, 0, 0, merge_counts) == 1
+    assert storage.reports.compact_group("none", 1, 0, 0, merge_counts) == 0
     assert len(storage.reports.partial_rows("single", 1)) == 1
 
 
@@ -317,7 +317,7 @@ def test_concurrent_compactions_never_double_count(storage: Repositories) -> Non
 
     def compactor() -> None:
         for _ in range(15):
-            storage.reports.compact_group("m", 1, 0, merge_counts)
+            storage.reports.compact_group("m", 1, 0, 0, merge_counts)
 
     def writer() -> None:
         for batch in batches[1:]:
@@ -333,7 +333,7 @@ def test_concurrent_compactions_never_double_count(storage: Repositories) -> Non
     expected = merged([row for batch in batches for row in batch])
     assert merged(storage.reports.partial_rows("m", 1)) == expected
     assert total_n(storage) == expected.n
-    storage.reports.compact_group("m", 1, 0, merge_counts)
+    storage.reports.compact_group("m", 1, 0, 0, merge_counts)
     rows = storage.reports.partial_rows("m", 1)
     assert len(rows) == 1 and merged(rows) == expected and rows[0].n == expected.n
 
