@@ -140,12 +140,12 @@ class MechanismLookup(Protocol):
 
     def versions(self, name: str) -> list[Any]: ...
 
+    def get(self, name: str, version: int | None = None) -> MetricSpec | None: ...
+
 
 def _dimensions_of(catalog: MechanismLookup, metric: str, version: int) -> Dimensions:
-    """The dimensions of a metric version; a lookup that serves mechanisms alone (without
-    ``get``, as test doubles of the catalog) serves metrics without dimensions."""
-    get = getattr(catalog, "get", None)
-    spec: MetricSpec | None = get(metric, version) if get is not None else None
+    """The dimensions of a metric version (none for a version the lookup has no spec of)."""
+    spec = catalog.get(metric, version)
     return spec.dimension_set if spec is not None else NO_DIMENSIONS
 
 

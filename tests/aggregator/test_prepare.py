@@ -42,6 +42,10 @@ class Lookup:
     def versions(self, name: str) -> list[Any]:
         return [Version(v) for (metric, v) in self._mechanisms if metric == name]
 
+    def get(self, name: str, version: int | None = None) -> None:
+        """Its metrics have no dimensions (no spec to read them from)."""
+        return None
+
 
 def mechanism(spec: dict[str, Any]) -> Mechanism:
     return make_mechanism(MechanismSpec.model_validate(spec))

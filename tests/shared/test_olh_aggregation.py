@@ -189,6 +189,10 @@ class OneMetric:
     def versions(self, name: str) -> list[Any]:
         return [SimpleNamespace(version=1)] if name == self.name else []
 
+    def get(self, name: str, version: int | None = None) -> None:
+        """Its metrics have no dimensions (no spec to read them from)."""
+        return None
+
 
 def test_ingest_folds_one_report_by_its_items(monkeypatch: pytest.MonkeyPatch) -> None:
     """The service folds a batch through the mechanism's ``aggregate``: one report of a
