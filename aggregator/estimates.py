@@ -106,7 +106,7 @@ from shared.mechanisms import (
 from shared.mechanisms.rappor_common import RapporEstimate
 from shared.mechanisms.spec import DistributionSpec, Scale, as_distribution_spec
 from shared.schemas import DISTRIBUTION_MECHANISMS, MetricSpec
-from shared.statistics import CountStatistics, MomentStatistics
+from shared.statistics import CountStatistics, MomentStatistics, read_dense_rows
 
 CONFIDENCE = 0.95
 #: The most heavy hitters one request may ask for: as many as every discovery mechanism
@@ -463,13 +463,22 @@ def grouped_statistics(
     for number, first in enumerate(range(0, count, per_slice)):
         span = min(per_slice, count - first)
         matrix = np.zeros((span, length), dtype=np.int64)
-        sizes = [0] * span
-        for k in range(edges[number], edges[number + 1]):
-            stats = read(rows[positions[k]].stats)
-            assert isinstance(stats, CountStatistics)
-            indices, values = stats.nonzero()
-            matrix[owners[k] - first, indices] += values
-            sizes[owners[k] - first] += stats.n
+        chosen = positions[edges[number] : edges[number + 1]]
+        dense = read_dense_rows([rows[k].stats for k in chosen], length)
+        if dense is not None:  # every row dense: one vectorized read and scatter
+            owner = group[chosen] - first
+            np.add.at(matrix, owner, dense[1])
+            counted = np.zeros(span, dtype=np.int64)
+            np.add.at(counted, owner, dense[0])
+            sizes = counted.tolist()
+        else:
+            sizes = [0] * span
+            for k in range(edges[number], edges[number + 1]):
+                stats = read(rows[positions[k]].stats)
+                assert isinstance(stats, CountStatistics)
+                indices, values = stats.nonzero()
+                matrix[owners[k] - first, indices] += values
+                sizes[owners[k] - first] += stats.n
         if total is not None:
             total += matrix.sum(axis=0)
         each.extend(CountStatistics(size, matrix[g]) for g, size in enumerate(sizes))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -241,6 +241,31 @@ class CountStatistics:
         if length < 0 or len(data) != _DENSE_HEADER + 8 * length:
             raise ValueError("serialized CountStatistics has the wrong length")
         return cls(n, np.frombuffer(data, dtype="<i8", offset=_DENSE_HEADER).astype(np.int64))
+
+
+def read_dense_rows(data: Sequence[bytes], length: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The report counts (int64, shape (r,)) and count vectors (int64, shape (r, length)) of
+    serialized ``CountStatistics`` that are all in the dense format of ``length`` counts,
+    read by one ``np.frombuffer`` over their concatenation; None when any one is not (read
+    those one by one with ``from_bytes``). A row whose header is corrupt is refused."""
+    size = _DENSE_HEADER + 8 * length
+    if not data or any(len(item) != size for item in data):
+        return None
+    layout = np.dtype(
+        [
+            ("magic", f"S{len(_COUNT_MAGIC)}"),
+            ("n", "<i8"),
+            ("length", "<i8"),
+            ("counts", "<i8", (length,)),
+        ]
+    )
+    rows = np.frombuffer(b"".join(data), dtype=layout)
+    if not (np.all(rows["magic"] == _COUNT_MAGIC) and np.all(rows["length"] == length)):
+        return None
+    n, counts = rows["n"].astype(np.int64), rows["counts"].astype(np.int64).reshape(-1, length)
+    if np.any(n < 0) or np.any(counts < 0):
+        raise ValueError("serialized CountStatistics hold negative counts")
+    return n, counts
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ Sufficient statistics: the histogram of reported values.
 
 from __future__ import annotations
 
+import functools
 import math
 from abc import abstractmethod
 from fractions import Fraction
@@ -64,9 +65,11 @@ def k_ary_keep_threshold(epsilon: float, k: int) -> int:
     )
 
 
+@functools.lru_cache(maxsize=1024)
 def k_ary_probabilities(keep_threshold: int, k: int) -> tuple[float, float]:
     """The realized (P(report = value), P(report = each other)) of ``k_ary_response``:
-    ((T (k - 1) + 2^53) / (k 2^53), (2^53 - T) / (k 2^53)), correctly rounded."""
+    ((T (k - 1) + 2^53) / (k 2^53), (2^53 - T) / (k 2^53)), correctly rounded (exact
+    rationals, so computed once per (T, k))."""
     return (
         float(Fraction(keep_threshold * (k - 1) + BITS53, k * BITS53)),
         float(Fraction(BITS53 - keep_threshold, k * BITS53)),

@@ -24,7 +24,7 @@ from hypothesis.extra import numpy as hnp
 from shared.mechanisms import make_mechanism
 from shared.mechanisms.rappor import Rappor
 from shared.schemas import MechanismSpec
-from shared.statistics import CountStatistics
+from shared.statistics import CountStatistics, read_dense_rows
 
 DENSE_HEADER = 5 + 16
 SPARSE_HEADER = 5 + 24
@@ -254,3 +254,30 @@ def test_rappor_refuses_impossible_sparse_tables() -> None:
     wrong_n = CountStatistics.sparse(2, length, np.array([3 * row]), np.array([1]))
     with pytest.raises(ValueError, match="sum to 1"):
         mech.statistics_from_bytes(wrong_n.to_bytes())
+
+
+def test_dense_rows_are_read_at_once_as_from_bytes_reads_them() -> None:
+    rng = np.random.default_rng(5)
+    parts = [CountStatistics(int(n), rng.integers(0, 50, size=6)) for n in rng.integers(1, 99, 9)]
+    data = [part.to_bytes() for part in parts]
+    read = read_dense_rows(data, 6)
+    assert read is not None
+    n, counts = read
+    assert n.tolist() == [part.n for part in parts]
+    assert np.array_equal(counts, np.stack([part.counts for part in parts]))
+
+
+def test_rows_not_all_dense_of_that_length_are_left_to_from_bytes() -> None:
+    dense = CountStatistics(3, np.array([1, 2, 0, 0, 0, 0])).to_bytes()
+    sparse = CountStatistics.sparse(1, 1000, np.array([7]), np.array([1])).to_bytes()
+    assert read_dense_rows([dense, sparse], 6) is None
+    assert read_dense_rows([dense], 7) is None
+    assert read_dense_rows([], 6) is None
+    assert read_dense_rows([b"LDPCX" + dense[5:]], 6) is None
+
+
+def test_dense_rows_with_a_negative_count_are_refused() -> None:
+    good = CountStatistics(3, np.array([1, 2, 0])).to_bytes()
+    bad = good[:-8] + np.array([-1], dtype="<i8").tobytes()
+    with pytest.raises(ValueError, match="negative"):
+        read_dense_rows([good, bad], 3)
