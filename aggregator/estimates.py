@@ -1205,32 +1205,31 @@ def _frequency_items(
     half = z_value(CONFIDENCE) * result.std[indices]
     order = indices.tolist()
     labels = [metric.labels[i] for i in order] if metric.labels is not None else [None] * len(order)
-    columns = zip(
-        order,
-        labels,
-        frequencies.tolist(),
-        result.std[indices].tolist(),
-        (frequencies - half).tolist(),
-        (frequencies + half).tolist(),
-        (frequencies * result.n).tolist(),
-        projected[indices].tolist(),
-        strict=True,
-    )
-    estimates: list[dict[str, object]] = []
-    postprocessed: list[dict[str, object]] = []
-    for index, label, frequency, std, low, high, count, valid in columns:
-        estimates.append(
-            {
-                "index": index,
-                "label": label,
-                "frequency": frequency,
-                "std": std,
-                "ci_low": low,
-                "ci_high": high,
-                "count": count,
-            }
+    estimates = [
+        {
+            "index": index,
+            "label": label,
+            "frequency": frequency,
+            "std": std,
+            "ci_low": low,
+            "ci_high": high,
+            "count": count,
+        }
+        for index, label, frequency, std, low, high, count in zip(
+            order,
+            labels,
+            frequencies.tolist(),
+            result.std[indices].tolist(),
+            (frequencies - half).tolist(),
+            (frequencies + half).tolist(),
+            (frequencies * result.n).tolist(),
+            strict=True,
         )
-        postprocessed.append({"index": index, "label": label, "frequency": valid})
+    ]
+    postprocessed = [
+        {"index": index, "label": label, "frequency": valid}
+        for index, label, valid in zip(order, labels, projected[indices].tolist(), strict=True)
+    ]
     return {"estimates": estimates, "postprocessed": postprocessed}
 
 
