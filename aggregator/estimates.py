@@ -79,6 +79,11 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
+from aggregator.attribute_estimates import (
+    AttributesEstimateFields,
+    attributes_estimate,
+    listed_values,
+)
 from aggregator.repositories.reports import UNIT_RADIX, PartialRow
 from aggregator.value_listing import (
     DEFAULT_TOP_VALUES,
@@ -95,6 +100,7 @@ from shared.estimates import Estimate, MeanEstimate, StdMethod, z_value
 from shared.mechanisms import (
     Discovery,
     Mechanism,
+    as_attributes,
     as_candidate_queries,
     as_categorical,
     as_distribution,
@@ -913,8 +919,17 @@ class DistributionEstimateOut(EstimateBase):
     )
 
 
+class AttributesEstimateOut(AttributesEstimateFields, EstimateBase):
+    """A multi-attribute metric's (spl, smp, rsfd) estimate of each attribute and the joint
+    distribution of each declared pair (``aggregator.attribute_estimates``)."""
+
+
 EstimateOut = (
-    CategoricalEstimateOut | NumericEstimateOut | StringEstimateOut | DistributionEstimateOut
+    CategoricalEstimateOut
+    | NumericEstimateOut
+    | StringEstimateOut
+    | DistributionEstimateOut
+    | AttributesEstimateOut
 )
 
 _GROUP_DIMENSIONS = "The group's value of each by= dimension."
@@ -936,8 +951,18 @@ class DistributionGroupOut(DistributionEstimateOut):
     dimensions: dict[str, str] = Field(description=_GROUP_DIMENSIONS)
 
 
+class AttributesGroupOut(AttributesEstimateOut):
+    dimensions: dict[str, str] = Field(description=_GROUP_DIMENSIONS)
+
+
 #: One group of a breakdown (``EstimateBase.groups``).
-EstimateGroup = CategoricalGroupOut | NumericGroupOut | StringGroupOut | DistributionGroupOut
+EstimateGroup = (
+    CategoricalGroupOut
+    | NumericGroupOut
+    | StringGroupOut
+    | DistributionGroupOut
+    | AttributesGroupOut
+)
 for _model in (
     EstimateBase,
     CategoricalEstimateOut,
@@ -949,6 +974,8 @@ for _model in (
     NumericGroupOut,
     StringGroupOut,
     DistributionGroupOut,
+    AttributesEstimateOut,
+    AttributesGroupOut,
 ):
     _model.model_rebuild()
 
@@ -977,7 +1004,7 @@ class SeriesOut(BaseModel):
         "version never enter (pick one with version=; the default is the current one)."
     )
     mechanism: str
-    kind: Literal["categorical", "numeric", "string", "distribution"] = Field(
+    kind: Literal["categorical", "numeric", "string", "distribution", "attributes"] = Field(
         description="The kind of the steps' estimates (also for the steps with none)."
     )
     epsilon: float
@@ -1026,6 +1053,11 @@ def build_estimate(
         assert isinstance(stats, CountStatistics)  # distribution mechanisms keep counts
         shares = distribution.estimate(stats)
         return base | _distribution_estimate(shares, as_estimate_view(view), value_buckets)
+    if (attributes := as_attributes(mechanism)) is not None:
+        assert isinstance(stats, CountStatistics)  # multi-attribute mechanisms keep counts
+        oracle = str(metric.mechanism.model_dump().get("oracle", "auto"))
+        estimated = attributes.estimate(stats)
+        return base | attributes_estimate(estimated, oracle, CONFIDENCE, marginals=value_buckets)
     categories = as_categorical(mechanism)
     assert categories is not None and isinstance(stats, CountStatistics)  # the last kind
     result = categories.estimate(stats)
@@ -1064,6 +1096,8 @@ def check_breakdown(
     values = series_values(mechanism, strings, view)
     if (spec := as_distribution_spec(metric.mechanism)) is not None:
         values += 2 * spec.bucket_count + 1
+    if as_attributes(mechanism) is not None:
+        values = listed_values(metric.mechanism.model_dump(), marginals=True)
     total = selection.groups * values
     if total > MAX_SERIES_VALUES:
         raise DimensionError(
@@ -1430,6 +1464,8 @@ def series_values(
     if as_distribution(mechanism) is not None:
         asked = as_estimate_view(view)
         return len(asked.levels) + (asked.range is not None)
+    if as_attributes(mechanism) is not None:
+        return listed_values(mechanism.spec.model_dump(), marginals=False)
     return 1
 
 

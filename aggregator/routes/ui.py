@@ -7,7 +7,16 @@
   mean with its intervals, candidate strings or heavy hitters; for a distribution metric
   its histogram with the quantiles p50, p95 and p99 marked, their table and the share of
   a range of values asked in a form) and the series of that window, with its band (a
-  band for each quantile of a distribution) and the reports per step;
+  band for each quantile of a distribution) and the reports per step. A metric with
+  public dimensions lists them in its promise (said to be sent in the clear) and can be
+  broken down by one of them and filtered by each (``estimate?by=NAME&where=NAME:VALUE``):
+  per group the frequencies with their intervals (bars grouped by category and a table),
+  the means or the quantiles p50, p95 and p99 with theirs, and the groups the release
+  threshold withholds said in words. A multi-attribute metric (kind "attributes") shows
+  a chart per attribute (bars with whiskers, or a mean with its interval) and per declared
+  pair a heat map of the joint distribution (coloured by the post-processed share, each
+  cell with the unbiased share and its interval), its cells as a table and the
+  conditional shares in the direction chosen;
 * ``/ui/federated`` and ``/ui/federated/{name}``: the training tasks; one task's
   evaluation and epsilon spent per round (with a key).
 
@@ -134,6 +143,11 @@ class PrivacyPromise:
     labels: tuple[str, ...]
     more_labels: int
     parameters: tuple[tuple[str, object], ...]
+    #: The public dimensions, in declaration order: (name, allowed values).
+    dimensions: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    #: A multi-attribute metric's attributes and declared pairs, in words.
+    attributes: tuple[str, ...] = ()
+    pairs: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, metric: MetricSpec, mechanism: Mechanism[Any]) -> PrivacyPromise:
@@ -146,6 +160,9 @@ class PrivacyPromise:
         resolved = mechanism.name
         labels = tuple(metric.labels or ())
         shown = spec.model_dump(exclude={"mechanism", "epsilon", "epsilon_report"})
+        attributes, pairs = _attributes(shown) if spec.kind == "attributes" else ((), ())
+        if spec.kind == "attributes":
+            shown = {k: v for k, v in shown.items() if k not in ("attributes", "pairs")}
         return cls(
             name=metric.name,
             version=metric.version,
@@ -162,11 +179,36 @@ class PrivacyPromise:
             labels=labels[:LISTED_LABELS],
             more_labels=max(0, len(labels) - LISTED_LABELS),
             parameters=tuple(sorted(shown.items())),
+            dimensions=tuple(
+                (name, tuple(values)) for name, values in (metric.dimensions or {}).items()
+            ),
+            attributes=attributes,
+            pairs=pairs,
         )
+
+
+def _attributes(spec: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A multi-attribute spec's attributes ("theme: 3 categories (light, dark, auto)",
+    "minutes: numbers in [0, 120]") and declared pairs ("theme × font"), in words."""
+    described = []
+    for attribute in spec.get("attributes") or ():
+        name, size = attribute["name"], attribute.get("domain_size")
+        if size is None:
+            lower, upper = attribute["lower"], attribute["upper"]
+            described.append(f"{name}: numbers in [{lower:g}, {upper:g}]")
+            continue
+        labels = list(attribute.get("labels") or ())
+        listed = ", ".join(labels[:LISTED_LABELS]) + (", …" if len(labels) > LISTED_LABELS else "")
+        described.append(f"{name}: {size} categories" + (f" ({listed})" if labels else ""))
+    pairs = tuple(f"{first} × {second}" for first, second in spec.get("pairs") or ())
+    return tuple(described), pairs
 
 
 def _domain(metric: MetricSpec, mechanism: Mechanism[Any]) -> str:
     """The values a metric takes, in words."""
+    if metric.mechanism.kind == "attributes":
+        count = len(metric.mechanism.model_dump().get("attributes") or ())
+        return f"{count} private attributes in one report"
     if (categories := as_categorical(mechanism)) is not None:
         return f"{categories.domain_size} categories"
     unit = f" {metric.unit}" if metric.unit else ""

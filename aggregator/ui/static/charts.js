@@ -546,3 +546,61 @@ export function countChart(canvas, { labels, released, suppressed }) {
     },
   });
 }
+
+/**
+ * Bars in groups: at each of ``labels`` one bar per entry of ``groups`` ([{label, values,
+ * intervals, color}], ``values`` one per label, ``intervals`` [low, high] per label or
+ * null), each with its whisker; the legend names the groups. ``format`` writes a value
+ * for the tooltips, ``tick`` on the axis; ``xTitle`` and ``yTitle`` name the axes. With
+ * ``floor`` and ``ceiling`` (positive values) the value axis is logarithmic between them,
+ * the bars rising from the floor.
+ */
+export function groupedBarChart(
+  canvas,
+  { labels, groups, format, tick, xTitle, yTitle, floor, ceiling },
+) {
+  const values = groups.flatMap((group) => group.values.filter((v) => v !== null));
+  const intervals = groups.flatMap((group) => (group.intervals || []).filter(Boolean));
+  const axisTick = (value) => (tick || format)(value);
+  const y = floor
+    ? {
+        type: "logarithmic",
+        min: floor,
+        max: ceiling,
+        title: titled(yTitle),
+        ticks: { callback: logTick(axisTick), autoSkip: false },
+      }
+    : shareAxis({ values, intervals, title: yTitle, format, tick });
+  return replace(canvas, {
+    type: "bar",
+    data: {
+      labels,
+      datasets: groups.map((group, index) => ({
+        label: group.label,
+        data: group.values,
+        intervals: group.intervals,
+        backgroundColor: group.color || COLORS.palette[index % COLORS.palette.length],
+      })),
+    },
+    options: {
+      scales: {
+        y,
+        x: { title: titled(xTitle), ticks: { autoSkip: true, maxRotation: 40 } },
+      },
+      plugins: {
+        legend: { display: groups.length > 1, position: "bottom" },
+        tooltip: {
+          callbacks: {
+            label: (item) =>
+              withInterval(
+                item.dataset.label + ": " + format(item.raw),
+                format,
+                item.dataset.intervals?.[item.dataIndex],
+              ),
+          },
+        },
+      },
+    },
+    plugins: [whiskers],
+  });
+}

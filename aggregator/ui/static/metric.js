@@ -2,7 +2,9 @@
 // series of that window (GET /v1/metrics/{name}/estimate and /series; heavy hitters for
 // the discovery mechanisms). A distribution metric shows its histogram with the quantiles
 // marked, a table of the quantiles, the share of a range of values asked in a form, and
-// its quantiles over time.
+// its quantiles over time. A metric with dimensions can be broken down by one of them and
+// filtered by each (breakdown.js); a multi-attribute metric shows each attribute and the
+// joint distribution of each declared pair (attributes.js).
 import {
   api,
   count,
@@ -28,6 +30,15 @@ import {
   histogramChart,
   placeholder,
 } from "./charts.js";
+import {
+  chosenBreakdown,
+  hasDimensions,
+  onBreakdownChange,
+  rememberBreakdown,
+  restoreBreakdown,
+  showGroups,
+} from "./breakdown.js";
+import { attributeItems, attributePoint, clearAttributes, showAttributes } from "./attributes.js";
 
 const root = document.getElementById("metric");
 const metric = {
@@ -39,6 +50,7 @@ const metric = {
   unit: root.dataset.unit || null,
   discovers: root.dataset.mechanism === "pem" || root.dataset.mechanism === "sfp",
   distribution: root.dataset.kind === "distribution",
+  attributes: root.dataset.kind === "attributes",
 };
 // The quantiles a distribution metric's page asks for, and the colour of each one's marks.
 const QUANTILES = [0.5, 0.95, 0.99];
@@ -132,6 +144,7 @@ function remember() {
     query.delete("from");
     query.delete("to");
   }
+  rememberBreakdown(query);
   history.replaceState(null, "", "?" + query);
 }
 
@@ -145,6 +158,7 @@ function restore() {
   customStart.value = query.get("from") || localInput(Date.now() - DAY);
   customEnd.value = query.get("to") || localInput(ceilTo(Date.now(), HOUR));
   customRange.hidden = preset.value !== "custom";
+  restoreBreakdown(query);
 }
 
 // --- loading -------------------------------------------------------------------------------
@@ -157,6 +171,7 @@ async function load() {
   }
   remember();
   const mine = ++generation;
+  root.setAttribute("aria-busy", "true"); // until this window's answers are all shown
   const hourly = chosen.step === "1h";
   document.getElementById("window-summary").textContent =
     "Window " +
@@ -172,6 +187,9 @@ async function load() {
     version: metric.version,
     quantiles: metric.distribution ? QUANTILES.join(",") : undefined,
   };
+  // The filters apply to the estimate and the series; the groups are the estimate's.
+  const { by, where } = chosenBreakdown();
+  if (where.length) params.where = where;
   if (metric.discovers) {
     // A discovery metric without candidate strings of its own is estimated, and drawn
     // over time, at the strings its reports reveal.
@@ -183,7 +201,7 @@ async function load() {
   // report, which the estimate's refusal does not, and the series' default item is the
   // estimate's most frequent one.
   const [estimate, series] = await Promise.allSettled([
-    api(path + "/estimate", params),
+    api(path + "/estimate", { ...params, by }),
     api(path + "/series", { ...params, step: chosen.step }),
   ]);
   if (mine !== generation) return;
@@ -194,6 +212,7 @@ async function load() {
   if (metric.distribution) showRangeOf(estimate.status === "fulfilled", mine);
   if (series.status === "fulfilled") showSeries(series.value);
   else showNoSeries(series.reason);
+  root.removeAttribute("aria-busy");
 }
 
 /** The reports a series' steps hold, released or not. */
@@ -212,14 +231,21 @@ function categoryName(item) {
   return item.label ?? "#" + item.index;
 }
 
+/** What the release threshold counts: " time buckets", or of a metric with dimensions
+ * " (time bucket, cell) units" (a cell: one combination of dimension values). */
+function unitName(units) {
+  const plural = units === 1 ? "" : "s";
+  return hasDimensions ? " (time bucket, cell) unit" + plural : " time bucket" + plural;
+}
+
+/** The unit of the release threshold, in words: "time bucket" or "time bucket of a cell". */
+function oneUnit() {
+  return hasDimensions ? "time bucket of a cell" : "time bucket";
+}
+
 function showFacts(body) {
   const facts = [
-    "n = " +
-      reports(body.n) +
-      " in " +
-      body.buckets +
-      " time bucket" +
-      (body.buckets === 1 ? "" : "s"),
+    "n = " + reports(body.n) + " in " + body.buckets + unitName(body.buckets),
     "ε = " + number(body.epsilon),
   ];
   if (body.epsilon_report !== null && body.epsilon_report !== undefined) {
@@ -233,7 +259,8 @@ function showFacts(body) {
       reports(body.suppressed_reports) +
         " in " +
         body.suppressed_buckets +
-        " time bucket(s) below the release threshold of " +
+        unitName(body.suppressed_buckets) +
+        " below the release threshold of " +
         count(body.min_reports) +
         " left out",
     );
@@ -251,7 +278,14 @@ function showEstimate(body) {
   if (body.kind === "categorical") showCategorical(body);
   else if (body.kind === "numeric") showMean(body);
   else if (body.kind === "distribution") showDistribution(body);
+  else if (body.kind === "attributes") showAttributes(body);
   else showStrings(body);
+  showGroups(body, {
+    quantiles: QUANTILES,
+    quantileName,
+    quantileColors: QUANTILE_COLORS,
+    unitTitle: (text) => titleWithUnit(text, metric.unit),
+  });
 }
 
 function showEstimateParts(shown) {
@@ -298,6 +332,8 @@ function showNoEstimate(error, inWindow) {
     if (table) table.tBodies[0].replaceChildren();
   }
   document.getElementById("mean-summary")?.replaceChildren();
+  if (metric.attributes) clearAttributes();
+  showGroups(null, {});
 }
 
 function drawBars(body) {
@@ -632,11 +668,13 @@ function seriesItems(body) {
   const first = body.steps.find((step) => step.estimate)?.estimate;
   if (!first || body.kind === "numeric" || body.kind === "distribution") return [];
   if (body.kind === "categorical") return first.estimates.map(categoryName);
+  if (body.kind === "attributes") return attributeItems(first).map((item) => item.name);
   return first.candidates.map((item) => item.string);
 }
 
 /** The item drawn by default: the most frequent in the window's estimate. */
 function defaultItem(items) {
+  if (metric.attributes) return 0;
   const rows = shownEstimate?.estimates || shownEstimate?.candidates;
   if (!rows || !rows.length) return 0;
   let best = 0;
@@ -649,6 +687,7 @@ function defaultItem(items) {
 function pointOf(estimate, kind, index) {
   if (!estimate) return [null, null, null];
   if (kind === "numeric") return [estimate.mean, estimate.ci_low, estimate.ci_high];
+  if (kind === "attributes") return attributePoint(estimate, attributeItems(estimate)[index]);
   const row = kind === "categorical" ? estimate.estimates[index] : estimate.candidates[index];
   return [row.frequency, row.ci_low, row.ci_high];
 }
@@ -675,7 +714,9 @@ function showSeries(body) {
       seriesChart,
       "No step has an estimate yet: none holds the " +
         reports(body.min_reports) +
-        " of the release threshold in one time bucket (reports per step below)",
+        " of the release threshold in one " +
+        oneUnit() +
+        " (reports per step below)",
     );
   } else {
     drawSeries(seriesChart, body, items, index);
@@ -698,7 +739,9 @@ function showSeries(body) {
     below +
     " with reports but below the release threshold (" +
     reports(body.min_reports) +
-    " in one time bucket) · " +
+    " in one " +
+    oneUnit() +
+    ") · " +
     reports(total) +
     " in all";
 }
@@ -735,14 +778,17 @@ function drawSeries(canvas, body, items, index) {
     return;
   }
   const points = body.steps.map((step) => pointOf(step.estimate, body.kind, index));
-  const numeric = body.kind === "numeric";
+  const first = body.steps.find((step) => step.estimate)?.estimate;
+  const numeric =
+    body.kind === "numeric" ||
+    (body.kind === "attributes" && attributeItems(first)[index].value === null);
   const item = items[index] ?? "";
   bandChart(canvas, {
     labels: body.steps.map((step) => utc(step.start, body.step === "1h")),
     values: points.map((point) => point[0]),
     lows: points.map((point) => point[1]),
     highs: points.map((point) => point[2]),
-    label: numeric ? "mean" : "frequency of " + item,
+    label: numeric ? (body.kind === "attributes" ? item : "mean") : "frequency of " + item,
     format: numeric ? (value) => withUnit(number(value), metric.unit) : percent,
     tick: numeric ? (value) => number(value) : percentTick,
     yTitle: numeric ? titleWithUnit("mean", metric.unit) : "share of reports: " + item,
@@ -777,6 +823,7 @@ itemChoice?.addEventListener("change", () => {
 postprocessedToggle?.addEventListener("change", () => shownEstimate && drawBars(shownEstimate));
 rangeForm?.addEventListener("submit", askRange);
 document.getElementById("heavy-k")?.addEventListener("change", () => load());
+onBreakdownChange(() => load());
 
 onKeyChange((hasKey) => {
   document.getElementById("needs-key").hidden = hasKey;
