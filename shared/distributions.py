@@ -29,7 +29,8 @@ Everything published derives from those two (``DistributionEstimate``):
   is their hull, [e_first, e_{last + 1}], in whole buckets. When ``postprocessed`` is the
   isotonic regression, the point's bucket is never ruled out (the last value of a pooled
   block is at most the block's mean, the first at least), so the point lies in its
-  interval.
+  interval. Another post-processing (``sw``'s EMS) may cross q in a bucket the tests rule
+  out; the point is then the nearest end of the interval, so that it always lies in it.
 """
 
 from __future__ import annotations
@@ -188,13 +189,9 @@ class DistributionEstimate:
             ruled_out_high = self.cdf[1:] + z * std[1:] < q
             kept = np.flatnonzero(~(ruled_out_low | ruled_out_high))
             first, last = (int(kept[0]), int(kept[-1])) if kept.size else (bucket, bucket)
+            low, high = float(self.edges[first]), float(self.edges[last + 1])
             answers.append(
-                Quantile(
-                    q=float(q),
-                    value=value,
-                    ci_low=float(self.edges[first]),
-                    ci_high=float(self.edges[last + 1]),
-                )
+                Quantile(q=float(q), value=min(max(value, low), high), ci_low=low, ci_high=high)
             )
         return answers
 

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from scipy import optimize, stats
 
 import shared.mechanisms.sw as sw
+from shared.distributions import DistributionEstimate
 from shared.mechanisms import as_distribution, make_mechanism
 from shared.mechanisms.abilities import DistributionValues
 from shared.randomness import BITS53, ratio_within_epsilon
@@ -444,3 +445,20 @@ def test_planning_variance_is_the_worst_bucket_at_uniform_data() -> None:
     # A finer grid resolves a bucket through fewer reports: the variance grows with D.
     assert build(epsilon=1.0, buckets=64).variance(1000) > mech.variance(1000)
     assert BITS53 > mech.threshold > 0
+
+
+def test_a_quantile_point_outside_its_interval_is_moved_to_the_nearest_end() -> None:
+    """EMS (not the isotonic fit of the CDF) may cross q in a bucket that the CDF's
+    one-sided tests rule out; the point is then the nearest end of the interval."""
+    estimate = DistributionEstimate(
+        edges=np.arange(5, dtype=np.float64),
+        scale="linear",
+        n=10**6,
+        cdf=np.array([0.0, 0.1, 0.2, 0.97, 1.0]),
+        range_variance=lambda low, high: np.full(np.shape(low), 1e-8),
+        postprocessed=np.full(4, 0.25),  # crosses q = 0.3 at 1.2, in bucket 1
+        method="ems",
+    )
+    (quantile,) = estimate.quantiles([0.3])
+    assert (quantile.ci_low, quantile.ci_high) == (2.0, 3.0)  # only bucket 2 holds it
+    assert quantile.value == 2.0
