@@ -40,6 +40,7 @@ from shared.dimensions import (
     Dimensions,
 )
 from shared.estimates import Estimate, MeanEstimate  # noqa: F401 - part of the contract
+from shared.mechanisms.multidim import resolve_protocol
 from shared.mechanisms.registry import MECHANISMS
 from shared.mechanisms.spec import (  # noqa: F401 - part of the contract
     MAX_DOMAIN_SIZE,
@@ -84,6 +85,9 @@ NUMERIC_MECHANISMS: frozenset[str] = frozenset(
 DISTRIBUTION_MECHANISMS: frozenset[str] = frozenset(
     name for name, model in _SPEC_MODELS.items() if model.kind == "distribution"
 )
+ATTRIBUTE_MECHANISMS: frozenset[str] = frozenset(
+    name for name, model in _SPEC_MODELS.items() if model.kind == "attributes"
+)
 STRING_MECHANISMS: frozenset[str] = frozenset(
     name for name, model in _SPEC_MODELS.items() if model.kind == "string"
 )
@@ -121,8 +125,8 @@ class MetricDefinition(BaseModel):
         default=None,
         description=(
             "Categorical metrics: the category names in index order (exactly domain_size of "
-            "them). RAPPOR: the candidate strings to decode against. Numeric and distribution: "
-            "omit."
+            "them). RAPPOR: the candidate strings to decode against. Numeric, distribution "
+            "and multi-attribute (their attributes carry their labels): omit."
         ),
     )
     dimensions: dict[str, tuple[str, ...]] | None = Field(
@@ -137,6 +141,16 @@ class MetricDefinition(BaseModel):
             "numbers the cells; changing them makes a new version."
         ),
     )
+
+    @field_validator("mechanism", mode="before")
+    @classmethod
+    def _attributes_auto_resolved(cls, mechanism: Any) -> Any:
+        """A multi-attribute spec named ``auto`` (``{"mechanism": "auto", "attributes":
+        [...]}``) becomes the protocol of least variance (``resolve_protocol``), at
+        definition time: the published promise names the protocol the devices run."""
+        if isinstance(mechanism, dict) and mechanism.get("attributes") is not None:
+            return resolve_protocol(mechanism)
+        return mechanism
 
     @field_validator("dimensions")
     @classmethod
@@ -185,6 +199,11 @@ class MetricDefinition(BaseModel):
             raise ValueError(
                 "labels: distribution metrics take no labels (their range and buckets are in "
                 "the spec)"
+            )
+        elif kind == "attributes" and labels is not None:
+            raise ValueError(
+                "labels: multi-attribute metrics take no labels (each categorical attribute "
+                "names its values in the spec's attributes)"
             )
         elif kind == "string" and labels is not None and len(labels) > MAX_CANDIDATES:
             raise ValueError(f"labels: at most {MAX_CANDIDATES} RAPPOR candidates")

@@ -45,6 +45,7 @@ from shared.mechanisms.spec import MechanismSpec
 PLUGINS = (
     "grr", "unary", "olh", "hr", "auto", "laplace", "duchi", "piecewise", "rappor",
     "lgrr", "lue", "dbitflip", "onebitmean", "sketch", "pem", "sfp", "hh", "sw", "lhh",
+    "multidim",
 )  # fmt: skip
 for _plugin in PLUGINS:
     importlib.import_module(f"shared.mechanisms.{_plugin}")

@@ -354,10 +354,12 @@ def test_payloads_outside_each_range_are_refused_naming_it(
 
 def test_every_mechanism_with_payloads_is_covered() -> None:
     """Guards the table above: each registered mechanism is here, or pinned elsewhere
-    (laplace above, piecewise by its own tests)."""
+    (laplace above, piecewise by its own tests, spl/smp/rsfd in test_multidim.py and
+    test_properties.py's out-of-range payloads)."""
     from shared.mechanisms import MECHANISMS
 
-    assert set(MECHANISMS) - {name for name, _, _ in RANGE_CASES} == {"laplace", "piecewise"}
+    pinned = {"laplace", "piecewise", "spl", "smp", "rsfd"}
+    assert set(MECHANISMS) - {name for name, _, _ in RANGE_CASES} == pinned
 
 
 # --- through the service: one hostile report cannot move the published mean ----------------

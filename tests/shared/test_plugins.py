@@ -30,6 +30,7 @@ from shared.mechanisms import (
     Discovery,
     Memoized,
     NumericValues,
+    as_attributes,
     as_candidate_queries,
     as_categorical,
     as_discovery,
@@ -74,12 +75,25 @@ SPECS: dict[str, dict[str, Any]] = {
     "hcms": {"epsilon": 2.0, "sketch_width": 16, "sketch_depth": 4},
     "pem": {"epsilon": 2.0, "max_length": 4},
     "sfp": {"epsilon": 2.0, "sketch_width": 16, "sketch_depth": 4, "max_length": 4},
+    **{
+        protocol: {
+            "epsilon": 2.0,
+            "attributes": [
+                {"name": "a", "domain_size": 4},
+                {"name": "b", "domain_size": 3},
+                {"name": "c", "lower": 0.0, "upper": 10.0},
+            ],
+            "pairs": [["a", "b"]],
+        }
+        for protocol in ("spl", "smp", "rsfd")
+    },
 }
 VALUES: dict[str, Any] = {
     "categorical": np.array([0, 3, 1]),
     "numeric": np.array([0.5, 9.0, 4.2]),
     "distribution": np.array([0.5, 9.0, 4.2]),
     "string": ["ab", "c", "ab"],
+    "attributes": np.array([[0, 2, 0.5], [3, 0, 9.0], [1, 1, 4.2]]),
 }
 CONTEXT = DeviceContext(secrets=[bytes([i]) * 32 for i in range(3)])
 
@@ -118,6 +132,7 @@ def test_exactly_one_kind_of_value_each(name: str) -> None:
         "numeric": as_numeric(mech) is not None,
         "distribution": as_distribution(mech) is not None,
         "string": as_candidate_queries(mech) is not None,
+        "attributes": as_attributes(mech) is not None,
     }
     assert [kind for kind, has in kinds.items() if has] == [mech.kind]
     assert mech.kind == mech.spec.kind

@@ -35,6 +35,7 @@ from shared.mechanisms import MECHANISMS, make_mechanism
 from shared.mechanisms.memoized import ChainedReport
 from shared.mechanisms.spec import spec_models
 from shared.schemas import (
+    ATTRIBUTE_MECHANISMS,
     CATEGORICAL_MECHANISMS,
     STRING_MECHANISMS,
     MechanismSpec,
@@ -122,8 +123,10 @@ STRING_CASES["sfp"] = tuple(
     {"epsilon": eps, "max_length": length, "sketch_width": m, "sketch_depth": k}
     for eps, length, m, k in ((0.5, 1, 2, 1), (2.3, 2, 2, 2), (5.0, 3, 4, 1))
 )
+#: Multi-attribute protocols (spl, smp, rsfd): their whole report's law is enumerated from
+#: their views' in tests/shared/test_multidim_privacy.py.
 #: Every wire name a spec may carry: the registry plus ``auto``.
-NAMES = (*sorted(MECHANISMS), "auto")
+NAMES = (*sorted(set(MECHANISMS) - ATTRIBUTE_MECHANISMS), "auto")
 
 
 def privacy_specs() -> Iterator[Any]:
@@ -238,8 +241,9 @@ def row_totals(mech: Any, matrix: np.ndarray) -> np.ndarray:
 
 def test_registry_is_covered() -> None:
     """Every registered mechanism gets privacy cases (guards the parametrization itself)."""
-    covered = {param.values[0].mechanism for param in PRIVACY_SPECS}
+    covered = {param.values[0].mechanism for param in PRIVACY_SPECS} | ATTRIBUTE_MECHANISMS
     assert covered == set(MECHANISMS) | {"auto"}
+    assert ATTRIBUTE_MECHANISMS == {"spl", "smp", "rsfd"}
 
 
 @pytest.mark.parametrize("spec", PRIVACY_SPECS)

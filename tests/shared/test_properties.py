@@ -50,6 +50,10 @@ STRING_NAMES = tuple(name for name in NAMES if name in STRING_MECHANISMS)
 DISTRIBUTION_NAMES = tuple(
     name for name in NAMES if name != "auto" and spec_models()[name].kind == "distribution"
 )
+#: Multi-attribute protocols: values are rows (a in 0..3, b in 0..2, c real).
+ATTRIBUTE_NAMES = tuple(
+    name for name in NAMES if name != "auto" and spec_models()[name].kind == "attributes"
+)
 #: Mechanisms whose values are real numbers (estimated as a mean or as a distribution).
 REAL_NAMES = NUMERIC_NAMES + DISTRIBUTION_NAMES
 #: RAPPOR parameters (k, h, m, f, p, q) for the string mechanisms: one bit, padding bits,
@@ -65,7 +69,7 @@ STRING_CONFIGS = (
 #: Spec fields of the open-domain string mechanisms. Sketches (sketch_width, sketch_depth):
 #: one row, padding bits, k > m. Discovery: max_length at least the 32 UTF-8 bytes of the
 #: longest value drawn (8 characters).
-OPEN_CONFIGS: dict[str, tuple[dict[str, int], ...]] = {
+OPEN_CONFIGS: dict[str, tuple[dict[str, Any], ...]] = {
     "cms": tuple(
         {"sketch_width": m, "sketch_depth": k}
         for m, k in ((2, 1), (13, 3), (64, 8), (3, 40), (130, 2), (8, 5))
@@ -75,6 +79,21 @@ OPEN_CONFIGS: dict[str, tuple[dict[str, int], ...]] = {
         for m, k in ((2, 1), (16, 3), (64, 8), (4, 40), (128, 2), (8, 5))
     ),
     "pem": ({"max_length": 32}, {"max_length": 40}, {"max_length": 64}),
+    **{
+        protocol: tuple(
+            {
+                "attributes": [
+                    {"name": "a", "domain_size": 4},
+                    {"name": "b", "domain_size": 3},
+                    {"name": "c", "lower": -3.0, "upper": 7.0},
+                ],
+                "pairs": [["a", "b"]],
+                "oracle": oracle,
+            }
+            for oracle in ("grr", "oue")
+        )
+        for protocol in ("spl", "smp", "rsfd")
+    },
     "sfp": (
         {"max_length": 32, "sketch_width": 64, "sketch_depth": 8},
         {"max_length": 33, "sketch_width": 16, "sketch_depth": 3},
@@ -146,6 +165,11 @@ def values_for(
         return st.lists(text, min_size=min_size, max_size=max_size).map(
             lambda v: np.array(v, dtype=object)
         )
+    if mech.spec.kind == "attributes":
+        row = st.tuples(st.integers(0, 3), st.integers(0, 2), st.floats(-1e6, 1e6, allow_nan=False))
+        return st.lists(row, min_size=min_size, max_size=max_size).map(
+            lambda v: np.array(v, dtype=np.float64).reshape(-1, 3)
+        )
     if mech.spec.is_categorical:
         d = mech.spec.domain_size
         assert d is not None
@@ -206,7 +230,7 @@ def names_position(message: str, position: int) -> bool:
 def test_registry_names() -> None:
     """The parametrization below covers exactly the registry plus ``auto``."""
     assert set(NAMES) == set(MECHANISMS) | {"auto"}
-    kinds = (CATEGORICAL_NAMES, NUMERIC_NAMES, STRING_NAMES, DISTRIBUTION_NAMES)
+    kinds = (CATEGORICAL_NAMES, NUMERIC_NAMES, STRING_NAMES, DISTRIBUTION_NAMES, ATTRIBUTE_NAMES)
     assert set().union(*kinds) == set(NAMES)
     assert sum(len(names) for names in kinds) == len(NAMES)
     assert all(kinds)
@@ -300,7 +324,8 @@ def test_short_or_corrupt_bytes_are_refused(name: str, data: st.DataObject) -> N
 def test_negative_counts_in_bytes_are_refused(name: str) -> None:
     """A corrupt record whose n (or a count, or a sum of squares) is negative is refused."""
     mech = build(name, 1.0, 5)
-    raw = bytearray(mech.aggregate(encode_with(mech, np.array([1, 2, 3]), None)).to_bytes())
+    values = np.array([[1, 2, 3.0]]) if name in ATTRIBUTE_NAMES else np.array([1, 2, 3])
+    raw = bytearray(mech.aggregate(encode_with(mech, values, None)).to_bytes())
     with_negative_n = bytes(raw[:5]) + struct.pack("<q", -3) + bytes(raw[13:])
     with pytest.raises(ValueError):
         mech.statistics_from_bytes(with_negative_n)
@@ -509,6 +534,15 @@ def out_of_range_updates(mech: Mechanism[Any]) -> list[dict[str, Any]]:
                 padding = base64.b64encode(bytes(size - 1) + bytes([0x80 >> (nodes % 8)])).decode()
                 refused.append({"level": level, "value": 0, "bits": padding})
         return refused
+    if name in ATTRIBUTE_NAMES:  # value bytes all 0xFF: past every view's range or padding
+        if name != "smp":
+            return [{"report": base64.b64encode(bytes([255]) * mech.report_width).decode()}]  # type: ignore[attr-defined]
+        width = mech.views[0].width  # type: ignore[attr-defined]
+        return [
+            {"view": mech.k, "report": base64.b64encode(bytes(width)).decode()},  # type: ignore[attr-defined]
+            {"view": 0, "report": base64.b64encode(bytes([255]) * width).decode()},
+            {"view": 0, "report": base64.b64encode(bytes(width + 1)).decode()},
+        ]
     if name in ("piecewise", "sw"):  # cell indices 0..M-1
         cells = mech.cells  # type: ignore[attr-defined]
         return [{"value": cells}, {"value": -1}, {"value": 2**40}]
@@ -600,7 +634,7 @@ def test_encode_rejects_nan(name: str, data: st.DataObject) -> None:
     assert "nan" in message.lower() and names_position(message, position), message
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", sorted(set(NAMES) - set(ATTRIBUTE_NAMES)))
 @pytest.mark.parametrize("shape", [(2, 3), (1, 1), (2, 0, 2)])
 def test_encode_rejects_arrays_that_are_not_one_dimensional(
     name: str, shape: tuple[int, ...]
@@ -658,9 +692,9 @@ def test_secure_default_rng(name: str, data: st.DataObject) -> None:
     mech = data.draw(mechanisms(name))
     values = data.draw(values_for(mech))
     reports = encode_with(mech, values, None)
-    assert reports.shape[0] == values.size
+    assert reports.shape[0] == len(values)
     np.testing.assert_array_equal(mech.check_reports(reports), reports)
-    assert mech.aggregate(reports).n == values.size
+    assert mech.aggregate(reports).n == len(values)
     assert mech.from_payloads(json.loads(json.dumps(mech.to_payloads(reports)))).shape == (
         reports.shape
     )

@@ -16,6 +16,7 @@ from shared.mechanisms import MECHANISMS, make_mechanism
 from shared.mechanisms.memoized import ChainedReport, ChainedSpec
 from shared.mechanisms.spec import MAX_GRID_STEPS, spec_models
 from shared.schemas import (
+    ATTRIBUTE_MECHANISMS,
     CATEGORICAL_MECHANISMS,
     DISTRIBUTION_MECHANISMS,
     MAX_DOMAIN_SIZE,
@@ -38,10 +39,18 @@ RAPPOR_FIELDS = ("num_bits", "num_hashes", "num_cohorts", "f", "p", "q")
 CHAINED_MECHANISMS = frozenset(
     name for name, model in spec_models().items() if issubclass(model, ChainedSpec)
 )
+#: The multi-attribute protocols (spl, smp, rsfd; kind "attributes"): their specs are
+#: tested in detail in test_multidim.py.
 
 
 def valid_fields(name: str) -> dict[str, Any]:
     """A minimal valid spec for ``name``, as keyword arguments."""
+    if name in ATTRIBUTE_MECHANISMS:
+        return {
+            "mechanism": name,
+            "epsilon": 1.0,
+            "attributes": [{"name": "a", "domain_size": 2}, {"name": "b", "lower": 0, "upper": 1}],
+        }
     if name in CHAINED_MECHANISMS:
         return {"mechanism": name, "epsilon": 1.0, "epsilon_report": MIN_EPSILON, "domain_size": 4}
     if name in CATEGORICAL_MECHANISMS:
@@ -100,7 +109,8 @@ def test_schema_names_match_the_registry() -> None:
     assert STRING_MECHANISMS.isdisjoint(CATEGORICAL_MECHANISMS | NUMERIC_MECHANISMS)
     others = CATEGORICAL_MECHANISMS | NUMERIC_MECHANISMS | STRING_MECHANISMS
     assert DISTRIBUTION_MECHANISMS.isdisjoint(others)
-    assert others | DISTRIBUTION_MECHANISMS == set(MECHANISMS) | {"auto"}
+    assert ATTRIBUTE_MECHANISMS.isdisjoint(others | DISTRIBUTION_MECHANISMS)
+    assert others | DISTRIBUTION_MECHANISMS | ATTRIBUTE_MECHANISMS == set(MECHANISMS) | {"auto"}
     for name, cls in MECHANISMS.items():
         assert cls.name == name
         assert cls.kind == MechanismSpec(**valid_fields(name)).kind
