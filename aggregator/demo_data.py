@@ -28,7 +28,12 @@ drawn from a fixed seed per metric:
   ``B ~ Beta(2, 5)``, whose mean is ``lower + 2 (upper - lower) / 7``;
 * distribution metrics (``hh``, ``sw``) the same on a linear scale, and on a log scale
   ``lower (upper / lower)^B`` with ``B ~ Beta(2, 5)``: skewed in the log of the value, as
-  latencies are, so that the histogram spreads over the buckets of equal ratios.
+  latencies are, so that the histogram spreads over the buckets of equal ratios;
+* multi-attribute metrics (``spl``, ``smp``, ``rsfd``): each attribute as above (Zipf
+  shares, or Beta(2, 5) on its range), and each categorical attribute after the first
+  correlated with the one before it: with probability 1/2 it takes the previous
+  attribute's value (modulo its own size) instead of its own draw, so the joint of a
+  declared pair is far from the product of its margins.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import os
 import uuid
 import zlib
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -46,9 +51,11 @@ from aggregator.service import Aggregator
 from shared.mechanisms import (
     DeviceContext,
     Mechanism,
+    as_attributes,
     as_categorical,
     as_numeric,
 )
+from shared.mechanisms.multidim_spec import MultiAttributeSpec
 from shared.mechanisms.spec import as_distribution_spec
 from shared.schemas import MetricSpec, Report, ReportBatch
 
@@ -146,12 +153,36 @@ def simulated_values(metric: MetricSpec, mechanism: Mechanism[Any], n: int) -> n
     if (numbers := as_numeric(mechanism)) is not None:
         span = numbers.upper - numbers.lower
         return numbers.lower + span * population.beta(2.0, 5.0, size=n)
+    if as_attributes(mechanism) is not None:
+        # the spec of an attributes mechanism is a MultiAttributeSpec
+        return _attribute_rows(cast(MultiAttributeSpec, metric.mechanism), n, population)
     if (spec := as_distribution_spec(metric.mechanism)) is not None:
         share = population.beta(2.0, 5.0, size=n)
         if spec.scale == "log":
             return np.asarray(spec.lower * (spec.upper / spec.lower) ** share)
         return spec.lower + (spec.upper - spec.lower) * share
     return None
+
+
+def _attribute_rows(
+    spec: MultiAttributeSpec, n: int, population: np.random.Generator
+) -> np.ndarray:
+    """``n`` rows of a multi-attribute metric's values (the module docstring's population)."""
+    columns: list[np.ndarray] = []
+    previous: np.ndarray | None = None
+    for attribute in spec.attributes:
+        if attribute.domain_size is None:
+            assert attribute.lower is not None and attribute.upper is not None
+            span = attribute.upper - attribute.lower
+            columns.append(attribute.lower + span * population.beta(2.0, 5.0, size=n))
+            continue
+        d = attribute.domain_size
+        own = population.choice(d, size=n, p=zipf_shares(d))
+        if previous is not None:
+            own = np.where(population.random(n) < 0.5, previous % d, own)
+        previous = own
+        columns.append(own.astype(np.float64))
+    return np.column_stack(columns)
 
 
 def _perturbed_payloads(

@@ -106,6 +106,24 @@ DEMO_METRICS: dict[str, MetricDefinition] = {
             scale="log",
         ),
     ),
+    "app.display": MetricDefinition(
+        description="Theme, text size and brightness in one report, with the joint of theme "
+        "and text size (demo, multi-attribute, smp: one sampled view per report).",
+        mechanism=_spec(
+            mechanism="smp",
+            epsilon=2.0,
+            attributes=[
+                {"name": "theme", "domain_size": 3, "labels": ["light", "dark", "system"]},
+                {
+                    "name": "text_size",
+                    "domain_size": 4,
+                    "labels": ["small", "medium", "large", "huge"],
+                },
+                {"name": "brightness", "lower": 0.0, "upper": 100.0},
+            ],
+            pairs=[["theme", "text_size"]],
+        ),
+    ),
     "browser.home_page": MetricDefinition(
         description="Home page host (demo, RAPPOR strings decoded against candidates).",
         mechanism=_spec(

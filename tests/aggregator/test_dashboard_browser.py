@@ -291,7 +291,7 @@ def assert_shown(text: str, value: float) -> None:
 def test_without_a_key_only_the_public_specs_are_shown(session: Session) -> None:
     session.open("/ui/")
     rows = session.page.locator("#metric-table tbody tr")
-    assert rows.count() == 8  # the six demo metrics, one with a script label, one pem
+    assert rows.count() == 9  # the seven demo metrics, one with a script label, one pem
     assert "ε = 1" in rows.filter(has_text=CATEGORICAL).inner_text()
     assert session.page.locator(".health-line").inner_text().startswith("Service ok")
     session.shot("overview-without-key")

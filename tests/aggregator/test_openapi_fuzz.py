@@ -36,7 +36,7 @@ from aggregator.app import create_app
 from aggregator.registry import DEMO_METRICS
 from aggregator.service import Aggregator, Services
 from aggregator.settings import Settings
-from shared.mechanisms import DeviceContext, make_mechanism
+from shared.mechanisms import DeviceContext, as_attributes, make_mechanism
 from shared.mechanisms.rappor import Rappor
 from shared.schemas import ReportBatch
 from simulations.server import Server, start_server
@@ -142,6 +142,11 @@ def _store_reports(aggregator: Aggregator, rng: np.random.Generator) -> None:
         elif spec.kind in ("numeric", "distribution"):
             values = rng.uniform(spec.lower or 0.0, spec.upper or 1.0, count)
             reports = mechanism.encode(values, rng=rng)
+        elif (attributes := as_attributes(mechanism)) is not None:
+            records = [
+                {name: 0 for name in attributes.attribute_names} for _ in range(count)
+            ]  # every attribute's first category, or its range's lower end (clipped)
+            reports = mechanism.encode(attributes.rows(records), rng=rng)
         else:
             assert isinstance(mechanism, Rappor) and metric.labels is not None
             strings = [metric.labels[i] for i in rng.integers(0, len(metric.labels), count)]
