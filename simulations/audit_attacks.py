@@ -60,6 +60,21 @@ two short strings the mechanism hashes apart (p, q realized; tight: yes througho
   and the bit is v0's sign. P = r p / 2, r q / 2.
 * ``pem``: H_s(prefix_j(v0)) != H_s(prefix_j(v1)) and y = H_s(prefix_j(v0)). P = (1 - c) p,
   (1 - c) o, c the exact share of (group, seed) pairs that hash the two together.
+* ``spl``, ``smp``, ``rsfd`` (several attributes; ``shared.mechanisms.multidim``): records
+  that differ in every attribute, x0 = category 0 and x1 = category 1 of every categorical
+  attribute (a pair's cells 0 and d2 + 1), a number at the end its view's event favours
+  (``duchi``: x0 the upper end; ``piecewise``: x0 the lower end). Each view v has its own
+  event E_v on its bytes, with P_v = (P[E_v | x0], P[E_v | x1]) and F_v its chance under a
+  fake report (``rsfd``): GRR the value is x0's, P = p, q, F = 1 / D; OUE bit x0 set and bit
+  x1 clear, P = p (1 - q), q (1 - p), F = q (1 - q); ``duchi`` the sign +1, P = the two ends'
+  realized probabilities, F their mean (a fake is an end drawn uniformly); ``piecewise`` a
+  cell below w, P = H w, L w, F = the mean over the grid indices i of
+  H min(w, w - i)^+ + L (w - min(w, w - i)^+). ``spl``: every view's event, P = prod_v P_v
+  (the views are independent; the ratio prod_v e^(eps / k) = e^eps). ``smp``: the view
+  index v and E_v, P = mean_v P_v (ratio e^eps). ``rsfd``: every view's event, P =
+  (1 / k) sum_s P_s prod_(v != s) F_v (the sampled view s is hidden); its ratio is e^eps
+  (each term's is), the bound that an inner epsilon above eps (the paper's amplified
+  ln(k (e^eps - 1) + 1)) breaks.
 
 Tightness, from the math (the event attains the worst-case ratio, with a probability
 that does not vanish as epsilon grows):
@@ -69,7 +84,7 @@ mechanisms                            report view                       lifetime
 ====================================  ================================  ====================
 grr, sue, oue, olh, hr, laplace,      tight                             (one-shot)
 duchi, piecewise, cms, hcms, pem,
-sfp, hh, sw
+sfp, hh, sw, spl, smp, rsfd
 lgrr, lsue, loue, losue, onebitmean   tight                             tight as R grows
 dbitflip                              tight; P[S] ~ (s / d)^2, s >= 2    tight (R equal reports)
 rappor                                tight if k >= 2h; P[S] ~ p0^h     tight as R grows
@@ -92,6 +107,7 @@ import numpy as np
 from scipy import stats
 
 from shared.hashing import SketchHash
+from shared.mechanisms import multidim
 from shared.mechanisms.dbitflip import DBitFlip
 from shared.mechanisms.duchi import DuchiMean
 from shared.mechanisms.grr import GeneralizedRandomizedResponse
@@ -101,6 +117,7 @@ from shared.mechanisms.laplace import DiscreteLaplace
 from shared.mechanisms.lgrr import LongitudinalGRR
 from shared.mechanisms.lhh import LongitudinalHierarchicalHistogram
 from shared.mechanisms.lue import LongitudinalUnaryEncoding
+from shared.mechanisms.multidim import MultiAttributeMechanism
 from shared.mechanisms.olh import OptimizedLocalHashing
 from shared.mechanisms.onebitmean import OneBitMean
 from shared.mechanisms.pem import PrefixExtendingMethod, fingerprints, hash_buckets
@@ -701,5 +718,125 @@ def _sfp(mech: SequenceFragmentPuzzle, reports: int) -> list[Attack]:
         Attack(
             "report", mech.epsilon, strings, event, (share * p * p, share * q * q),
             "slot's row column of v0 set, of v1 clear",
+        )
+    ]  # fmt: skip
+
+
+# --- several attributes -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ViewEvent:
+    """One view's event on its bytes (module docstring): its chances under x0 and x1, and
+    under a fake report."""
+
+    event: ReportEvent
+    probabilities: tuple[float, float]
+    fake: float
+    description: str
+
+
+def _view_event(view: multidim.View, first: int | float, second: int | float) -> ViewEvent:
+    """The event of ``view`` telling its value ``first`` (x0's) from ``second`` (x1's)."""
+    inner: Any = view.inner
+    name = view.describe()
+    if view.oracle == "grr":
+        own = int(first)
+
+        def grr(block: np.ndarray) -> np.ndarray:
+            return ((block[:, 0].astype(np.int64) << 8) | block[:, 1]) == own
+
+        return ViewEvent(grr, (inner.p, inner.q), 1 / view.plan.cells, f"{name} = {own}")
+    if view.oracle == "oue":
+        one, zero = int(first), int(second)
+
+        def oue(block: np.ndarray) -> np.ndarray:
+            return (_packed_bit(block, one) == 1) & (_packed_bit(block, zero) == 0)
+
+        p, q = inner.p, inner.q
+        return ViewEvent(
+            oue, (p * (1 - q), q * (1 - p)), q * (1 - q), f"{name} bit {one} set, {zero} clear"
+        )
+    if view.oracle == "duchi":
+        high, low = (float(v) for v in inner.plus_probability(np.array([first, second])))
+        return ViewEvent(
+            lambda block: block[:, 0] == 1, (high, low), (high + low) / 2, f"{name} sign +1"
+        )
+    w = inner.window
+    inside = np.clip(w - np.arange(inner.grid_steps + 1), 0, w)  # window cells below w
+    fake = float(np.mean(inner.high * inside + inner.low * (w - inside)))
+
+    def piecewise(block: np.ndarray) -> np.ndarray:
+        return ((block[:, 0].astype(np.int64) << 8) | block[:, 1]) < w
+
+    return ViewEvent(piecewise, (inner.high * w, inner.low * w), fake, f"{name} cell < {w}")
+
+
+def _records(mech: MultiAttributeMechanism) -> tuple[dict[str, Any], dict[str, Any]]:
+    """x0 and x1 (module docstring): categories 0 and 1; numbers at the two ends, x0 at the
+    end its view's event favours."""
+    first: dict[str, Any] = {}
+    second: dict[str, Any] = {}
+    numeric = {view.plan.columns[0]: view.inner for view in mech.views if view.plan.is_numeric}
+    for column, attribute in enumerate(mech.spec.attributes):
+        if column in numeric:
+            inner: Any = numeric[column]
+            ends = (
+                (inner.upper, inner.lower)
+                if inner.name == "duchi"
+                else (inner.lower, inner.upper)
+            )
+            first[attribute.name], second[attribute.name] = ends
+        else:
+            first[attribute.name], second[attribute.name] = 0, 1
+    return first, second
+
+
+@_builds(MultiAttributeMechanism)
+def _multidim(mech: MultiAttributeMechanism, reports: int) -> list[Attack]:
+    first, second = _records(mech)
+    rows = mech.rows([first, second])
+    events = [
+        _view_event(view, *(float(v) if view.plan.is_numeric else int(v)
+                            for v in view.inputs(rows)))
+        for view in mech.views
+    ]  # fmt: skip
+    low, high = mech.offsets[:-1], mech.offsets[1:]
+    p0 = np.array([e.probabilities[0] for e in events])
+    p1 = np.array([e.probabilities[1] for e in events])
+    if mech.name == "smp":
+
+        def sampled(batch: np.ndarray) -> np.ndarray:
+            array = np.asarray(batch)
+            hit = np.zeros(array.shape[0], dtype=bool)
+            for index, (view, item) in enumerate(zip(mech.views, events, strict=True)):
+                hit |= (array[:, 0] == index) & item.event(array[:, 1 : 1 + view.width])
+            return hit
+
+        probabilities = (float(p0.mean()), float(p1.mean()))
+        return [
+            Attack(
+                "report", mech.epsilon, (first, second), sampled, probabilities,
+                "the sampled view's event: " + "; ".join(e.description for e in events),
+            )
+        ]  # fmt: skip
+
+    def every(batch: np.ndarray) -> np.ndarray:
+        array = np.asarray(batch)
+        hit = np.ones(array.shape[0], dtype=bool)
+        for start, end, item in zip(low, high, events, strict=True):
+            hit &= item.event(array[:, start:end])
+        return hit
+
+    if mech.name == "spl":
+        probabilities = (float(np.prod(p0)), float(np.prod(p1)))
+    else:  # rsfd: the sampled view s true, the others fake
+        fakes = np.array([e.fake for e in events])
+        others = np.array([np.prod(np.delete(fakes, s)) for s in range(fakes.size)])
+        probabilities = (float(np.mean(p0 * others)), float(np.mean(p1 * others)))
+    return [
+        Attack(
+            "report", mech.epsilon, (first, second), every, probabilities,
+            "every view's event: " + "; ".join(e.description for e in events),
         )
     ]  # fmt: skip

@@ -50,7 +50,7 @@ import httpx
 import numpy as np
 
 from client import BudgetLimits, TelemetryClient
-from shared.mechanisms import DeviceContext, Mechanism, make_mechanism
+from shared.mechanisms import DeviceContext, Mechanism, as_attributes, make_mechanism
 from shared.mechanisms.spec import spec_models
 from shared.memo import SimulatedMemo
 from shared.randomness import Rng, as_source
@@ -77,6 +77,9 @@ DevicePath = Literal["batch", "sdk"]
 CHUNK_REPORTS = 1 << 17
 #: A sweep's numeric metrics take values in [0, 1].
 SWEEP_RANGE = (0.0, 1.0)
+#: A sweep's multi-attribute metrics: three categorical attributes, the first two a declared
+#: pair (two views: the pair's d^2 cells, and the third attribute).
+SWEEP_ATTRIBUTES = ("a", "b", "c")
 #: A sweep's distribution metrics cut that range into this many buckets (hh: 4^2, two
 #: levels of its default branching).
 SWEEP_BUCKETS = 16
@@ -89,12 +92,16 @@ class Devices(Protocol):
     def reports(self, value: Any, devices: int, per_device: int) -> np.ndarray: ...
 
 
-def _values(kind: str, value: Any, count: int) -> np.ndarray:
-    """``count`` copies of ``value`` in the form ``encode`` takes for values of ``kind``."""
+def _values(mechanism: Mechanism[Any], value: Any, count: int) -> np.ndarray:
+    """``count`` copies of ``value`` in the form the mechanism's ``encode`` takes: an index,
+    a number, a string, or (several attributes) the row of a record ``{attribute: value}``."""
+    kind = mechanism.spec.kind
     if kind == "categorical":
         return np.full(count, int(value), dtype=np.int64)
     if kind in ("numeric", "distribution"):
         return np.full(count, float(value), dtype=np.float64)
+    if (attributes := as_attributes(mechanism)) is not None:
+        return np.repeat(attributes.rows([value]), count, axis=0)
     return np.full(count, value, dtype=object)
 
 
@@ -110,7 +117,7 @@ class BatchDevices:
 
     def reports(self, value: Any, devices: int, per_device: int) -> np.ndarray:
         mechanism, count = self.mechanism, devices * per_device
-        values = _values(mechanism.spec.kind, value, count)
+        values = _values(mechanism, value, count)
         if not mechanism.stateful:
             return mechanism.encode(values, self.rng)
         ids = np.arange(self._next_device, self._next_device + devices)
@@ -346,10 +353,18 @@ def sweep_spec(
     1.5 eps) and p = 1 - q with q* = 1 / (1 + e^(-eps / 2)), which makes epsilon_one = eps;
     sketches 4 x 32; ``pem`` and ``sfp`` strings of up to 2 and 4 bytes; distributions
     (``hh``, ``sw``) numbers in [0, 1] in ``SWEEP_BUCKETS`` buckets (memoized ones:
-    ``epsilon_report`` = ``report_share`` x epsilon)."""
+    ``epsilon_report`` = ``report_share`` x epsilon); several attributes (``spl``, ``smp``,
+    ``rsfd``): ``SWEEP_ATTRIBUTES`` of d categories each, the first two declared as a pair,
+    the oracle ``auto``."""
     fields: dict[str, Any] = {"mechanism": mechanism, "epsilon": epsilon}
     model = spec_models().get(mechanism)
-    if model is not None and model.kind == "distribution":
+    if model is not None and model.kind == "attributes":
+        fields.update(
+            attributes=[{"name": name, "domain_size": domain_size} for name in SWEEP_ATTRIBUTES],
+            pairs=[list(SWEEP_ATTRIBUTES[:2])],
+            oracle="auto",
+        )
+    elif model is not None and model.kind == "distribution":
         fields.update(lower=SWEEP_RANGE[0], upper=SWEEP_RANGE[1], buckets=SWEEP_BUCKETS)
         if model.is_memoized:
             fields["epsilon_report"] = report_share * epsilon

@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         fleet,
         frequency,
         longitudinal,
+        multidim,
         numeric,
         strings,
     )
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         frequency,
         numeric,
         distribution,
+        multidim,
         audit,
         dpsgd,
         federated,
