@@ -74,7 +74,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -96,7 +96,13 @@ from aggregator.value_listing import (
 )
 from shared.dimensions import DimensionError, parse_by, parse_where
 from shared.distributions import DistributionEstimate
-from shared.estimates import Estimate, MeanEstimate, StdMethod, z_value
+from shared.estimates import (
+    Estimate,
+    MeanEstimate,
+    StdMethod,
+    project_rows_to_simplex,
+    z_value,
+)
 from shared.mechanisms import (
     Discovery,
     Mechanism,
@@ -487,7 +493,7 @@ def grouped_statistics(
                 sizes[owners[k] - first] += stats.n
         if total is not None:
             total += matrix.sum(axis=0)
-        each.extend(CountStatistics(size, matrix[g]) for g, size in enumerate(sizes))
+        each.extend(CountStatistics.of_rows(sizes, matrix))
     whole = each[0] if total is None else CountStatistics(sum(s.n for s in each), total)
     return whole, each
 
@@ -1061,9 +1067,17 @@ def build_estimate(
     categories = as_categorical(mechanism)
     assert categories is not None and isinstance(stats, CountStatistics)  # the last kind
     result = categories.estimate(stats)
-    listing = Listing.of(metric, result.frequencies, view)
     projected = result.postprocessed().frequencies
-    answer: dict[str, object] = {"kind": "categorical", "resolved_mechanism": mechanism.name}
+    return base | _categorical_estimate(metric, mechanism.name, result, projected, view)
+
+
+def _categorical_estimate(
+    metric: MetricSpec, resolved: str, result: Estimate, projected: np.ndarray, view: ValueView
+) -> dict[str, object]:
+    """A categorical estimate's own fields (``CategoricalEstimateOut``) from its unbiased
+    ``result`` and post-processed ``projected`` frequencies: the categories ``view`` lists."""
+    listing = Listing.of(metric, result.frequencies, view)
+    answer: dict[str, object] = {"kind": "categorical", "resolved_mechanism": resolved}
     if view.format == "vectors":
         answer |= {
             "estimates": [],
@@ -1072,7 +1086,7 @@ def build_estimate(
         }
     else:
         answer |= _frequency_items(metric, result, projected, listing.indices) | {"vectors": None}
-    return base | answer | listing.as_json()
+    return answer | listing.as_json()
 
 
 def check_breakdown(
@@ -1137,15 +1151,25 @@ def breakdown(
     released = ReleasedBuckets.grouped(
         rows, selection.group_of_cell, selection.groups, min_reports, current
     )
+    listed = [g for g, group in enumerate(released) if group.rows]
+    categories = as_categorical(mechanism) if as_candidate_queries(mechanism) is None else None
+    results: list[Estimate] = []
+    if categories is not None and listed:  # every group's frequencies as one matrix
+        check_view(metric, view)
+        counts = [statistics[g] for g in listed]
+        results = categories.estimate_many(cast(list[CountStatistics], counts))
+        projected = project_rows_to_simplex(np.stack([result.frequencies for result in results]))
     groups = []
-    for g, group in enumerate(released):
-        if not group.rows:
-            continue
-        stats = statistics[g]
-        values = selection.labels[g]
-        estimate = build_estimate(
-            metric, mechanism, stats, window, group, candidates, view, value_buckets
-        )
+    for position, g in enumerate(listed):
+        group, values = released[g], selection.labels[g]
+        if results:
+            estimate = _base(metric, statistics[g].n, window, group) | _categorical_estimate(
+                metric, mechanism.name, results[position], projected[position], view
+            )
+        else:
+            estimate = build_estimate(
+                metric, mechanism, statistics[g], window, group, candidates, view, value_buckets
+            )
         estimate.update(where=selection.where | values, by=None, groups=None, withheld_groups=0)
         groups.append({"dimensions": values, **estimate})
     withheld = sum(1 for group in released if not group.rows and group.suppressed_reports)

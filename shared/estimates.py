@@ -20,6 +20,7 @@ from, which adds the spread of their values (see ``shared.mechanisms.numeric``).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Literal
@@ -32,6 +33,7 @@ import numpy as np
 StdMethod = Literal["known", "estimated", "upper-bound"]
 
 
+@functools.lru_cache(maxsize=64)
 def z_value(level: float) -> float:
     """The two-sided normal quantile for a confidence ``level`` in (0, 1)."""
     if not 0.0 < level < 1.0:
@@ -45,13 +47,21 @@ def project_to_simplex(values: np.ndarray) -> np.ndarray:
     The projection is ``max(v - tau, 0)`` with tau chosen so the result sums to 1
     (Held, Wolfe, Crowder 1974; Duchi et al., ICML 2008, Figure 1).
     """
-    v = np.asarray(values, dtype=np.float64)
-    ordered = np.sort(v)[::-1]
-    cumulative = np.cumsum(ordered) - 1.0
-    ranks = np.arange(1, v.size + 1)
-    rho = np.flatnonzero(ordered - cumulative / ranks > 0)[-1]
-    tau = cumulative[rho] / (rho + 1)
-    return np.maximum(v - tau, 0.0)
+    return project_rows_to_simplex(np.asarray(values, dtype=np.float64)[None, :])[0]
+
+
+def project_rows_to_simplex(rows: np.ndarray) -> np.ndarray:
+    """``project_to_simplex`` of every row of a (g, d) matrix, in one pass of numpy
+    operations over the matrix: per row, tau = (sum of the rho + 1 largest - 1) / (rho + 1)
+    with rho the last rank k (from 0) where the (k + 1)-th largest exceeds that mean."""
+    v = np.asarray(rows, dtype=np.float64)
+    ordered = -np.sort(-v, axis=1)
+    cumulative = np.cumsum(ordered, axis=1) - 1.0
+    ranks = np.arange(1, v.shape[1] + 1)
+    positive = ordered - cumulative / ranks > 0  # true at rank 0, false after some rank
+    rho = v.shape[1] - 1 - np.argmax(positive[:, ::-1], axis=1)
+    tau = cumulative[np.arange(v.shape[0]), rho] / (rho + 1)
+    return np.maximum(v - tau[:, None], 0.0)
 
 
 @dataclass(frozen=True)

@@ -115,6 +115,23 @@ class CountStatistics:
         return stats
 
     @classmethod
+    def of_rows(cls, n: Sequence[int], counts: np.ndarray) -> list[CountStatistics]:
+        """``CountStatistics(n[i], counts[i])`` for every row of a (r, length) count matrix,
+        checked and copied once for all rows (each holds a read-only view of the copy)."""
+        matrix = np.array(counts, dtype=np.int64)  # a copy
+        if matrix.ndim != 2 or matrix.shape[0] != len(n):
+            raise ValueError(f"need one count row per n, got {matrix.shape} for {len(n)}")
+        if any(size < 0 for size in n) or np.any(matrix < 0):
+            raise ValueError("n and counts must be non-negative")
+        matrix.flags.writeable = False
+        rows = []
+        for size, row in zip(n, matrix, strict=True):
+            stats = cls.__new__(cls)
+            stats._set(int(size), matrix.shape[1], row, None, None)
+            rows.append(stats)
+        return rows
+
+    @classmethod
     def empty(cls, length: int) -> CountStatistics:
         """Zero reports: all counts 0 (held sparse, so it costs no memory of ``length``)."""
         return cls.sparse(0, length, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))

@@ -89,6 +89,10 @@ class CategoricalValues(Protocol):
 
     def estimate(self, stats: CountStatistics) -> Estimate: ...
 
+    def estimate_many(self, stats: Sequence[CountStatistics]) -> list[Estimate]:
+        """``estimate`` of each statistics, computed together (a breakdown's groups)."""
+        ...
+
     def transition_matrix(self) -> np.ndarray: ...
 
     def simulate_statistics(

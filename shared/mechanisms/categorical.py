@@ -24,6 +24,7 @@ to [0, 1].
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Sequence
 from typing import ClassVar
 
 import numpy as np
@@ -101,15 +102,31 @@ class CategoricalMechanism(Mechanism[CountStatistics]):
 
     def estimate(self, stats: CountStatistics) -> Estimate:
         """Unbiased frequencies ``(C_v / n - q) / (p - q)`` with their analytical std."""
-        if stats.n <= 0:
+        return self.estimate_many([stats])[0]
+
+    def estimate_many(self, stats: Sequence[CountStatistics]) -> list[Estimate]:
+        """``estimate`` of each statistics (of one breakdown's groups, say), computed as one
+        (groups x d) matrix: f = (C / n - q) / (p - q) row by row, with the std
+        ``sqrt((q (1 - q) / (p - q)^2 + f' (1 - p - q) / (p - q)) / n)`` at f' = f clipped
+        to [0, 1] (Wang et al., USENIX Security 2017, with the frequency term)."""
+        n = np.array([part.n for part in stats], dtype=np.float64)
+        if np.any(n <= 0):
             raise ValueError("cannot estimate from zero reports")
         p, q = self.p, self.q
-        support = self.support_counts(stats).astype(np.float64)
-        frequencies = (support / stats.n - q) / (p - q)
+        support = np.stack([self.support_counts(part) for part in stats]).astype(np.float64)
+        frequencies = (support / n[:, None] - q) / (p - q)
         at = np.clip(frequencies, 0.0, 1.0)
-        variance = (q * (1 - q) / (p - q) ** 2 + at * (1 - p - q) / (p - q)) / stats.n
-        return Estimate(frequencies, np.sqrt(variance), stats.n)
+        variance = (q * (1 - q) / (p - q) ** 2 + at * (1 - p - q) / (p - q)) / n[:, None]
+        return row_estimates(frequencies, np.sqrt(variance), n)
 
     def variance(self, n: int) -> float:
         """``q (1 - q) / (n (p - q)^2)``: variance of one frequency whose truth is 0."""
         return self.q * (1 - self.q) / (n * (self.p - self.q) ** 2)
+
+
+def row_estimates(frequencies: np.ndarray, std: np.ndarray, n: np.ndarray) -> list[Estimate]:
+    """One ``Estimate`` per row of the (groups x d) ``frequencies`` and ``std``."""
+    return [
+        Estimate(row, deviation, int(size))
+        for row, deviation, size in zip(frequencies, std, n.tolist(), strict=True)
+    ]

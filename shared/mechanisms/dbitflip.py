@@ -87,6 +87,7 @@ from __future__ import annotations
 import base64
 import itertools
 import math
+from collections.abc import Sequence
 from fractions import Fraction
 from functools import cached_property
 from typing import Any, Literal
@@ -108,6 +109,7 @@ from shared.mechanisms.categorical import (
     CategoricalMechanism,
     check_true_counts,
     require_enumerable,
+    row_estimates,
 )
 from shared.mechanisms.memoized import MemoizedMechanism, MemoizedSpec
 from shared.mechanisms.registry import register
@@ -350,18 +352,23 @@ class DBitFlip(MemoizedMechanism, CategoricalMechanism):
         counts = stats.counts
         return counts[:d], counts[d:]
 
-    def estimate(self, stats: CountStatistics) -> Estimate:
-        """f^_j = (d / (n s)) (C_j - q S_j) / (p - q), with ``frequency_variance`` at the
-        estimate clipped to [0, 1] as its std."""
-        if stats.n <= 0:
+    def estimate_many(self, stats: Sequence[CountStatistics]) -> list[Estimate]:
+        """f^_j = (d / (n s)) (C_j - q S_j) / (p - q) for each statistics (one row each),
+        with ``frequency_variance`` at the estimate clipped to [0, 1] as its std."""
+        n = np.array([part.n for part in stats], dtype=np.float64)
+        if np.any(n <= 0):
             raise ValueError("cannot estimate from zero reports")
-        sampled, ones = (counts.astype(np.float64) for counts in self._split(stats))
+        split = [self._split(part) for part in stats]
+        sampled = np.stack([counts[0] for counts in split]).astype(np.float64)
+        ones = np.stack([counts[1] for counts in split]).astype(np.float64)
         p, q = self.bit_p, self.bit_q
-        frequencies = (ones - q * sampled) / ((p - q) * stats.n * self.sampling_rate)
-        variance = self.frequency_variance(np.clip(frequencies, 0.0, 1.0), stats.n)
-        return Estimate(frequencies, np.sqrt(variance), stats.n)
+        frequencies = (ones - q * sampled) / ((p - q) * n[:, None] * self.sampling_rate)
+        variance = self.frequency_variance(np.clip(frequencies, 0.0, 1.0), n[:, None])
+        return row_estimates(frequencies, np.sqrt(variance), n)
 
-    def frequency_variance(self, frequencies: np.ndarray | float, n: int) -> np.ndarray:
+    def frequency_variance(
+        self, frequencies: np.ndarray | float, n: int | np.ndarray
+    ) -> np.ndarray:
         """Var[f^_j] = (q (1 - q) / (p - q)^2 + f_j (1 - 2 q) / (p - q)) / (n r) - f_j / n,
         r = s / d (module docstring), at the true frequencies f_j."""
         p, q, r = self.bit_p, self.bit_q, self.sampling_rate
