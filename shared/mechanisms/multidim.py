@@ -40,9 +40,14 @@ mechanism's noise estimate (``spl``), mixed with the sample variance as
 (1 - rho) noise + rho s^2 / m under ``smp`` (the finite-population term), and s_z^2 / n under
 ``rsfd`` (conservative: it includes the spread of the values).
 
-Known gap: under ``smp`` and ``rsfd`` one device's reports of different views are
-dependent (it samples one view), so views are correlated; the consistent estimates'
-std treats views as independent (direct attributes and raw views are exact).
+Under ``smp`` and ``rsfd`` the views are dependent (each device samples one view): the
+consistent estimates' std includes the covariance between views, exactly
+(``shared.marginals``, ``ViewDependence``: ``smp`` -Cov_pop / (n - 1), the random partition
+of the devices over the views; ``rsfd`` -(1/n) times the raw cross moment about the cell
+averages: a device reports one view truly, so its views covary). Under ``smp`` a view without
+reports (tiny n) is left out of the consistent combinations (weights renormalized over the
+views with reports); an attribute whose every view is without reports, and such a pair,
+answer NaN frequencies and std (serialized as null).
 
 Report (array form): uint8 rows. ``spl``, ``rsfd``: every view's bytes concatenated in view
 order; ``smp``: byte 0 the view index, then that view's bytes, zero padded to the widest.
@@ -73,8 +78,10 @@ from shared.attributes import (
 )
 from shared.bitcount import bit_sums
 from shared.marginals import (
+    INDEPENDENT,
     PairView,
     ViewCovariance,
+    ViewDependence,
     conditional_shares,
     fit_margins,
     frequency_covariance,
@@ -543,6 +550,14 @@ class MultiAttributeMechanism(Mechanism[CountStatistics]):
             cov = cov.plus(diagonal, g, weight)
         return cov
 
+    def dependence(self, n: int) -> ViewDependence:
+        """The covariance between two views' estimates (``shared.marginals``)."""
+        if self.name == "smp":
+            return ViewDependence(-1.0 / (n - 1) if n > 1 else 0.0, raw=False)
+        if self.name == "rsfd":
+            return ViewDependence(-1.0 / n, raw=True)
+        return INDEPENDENT
+
     def estimate(self, stats: CountStatistics) -> AttributesEstimate:
         if stats.n <= 0:
             raise ValueError("cannot estimate from zero reports")
@@ -570,11 +585,13 @@ class MultiAttributeMechanism(Mechanism[CountStatistics]):
             planning = self.view_covariance(view, np.zeros(f.size), 1.0, 1.0)
             if len(view.plan.columns) == 2:
                 shape = cast(tuple[int, int], view.plan.shape)
-                pair_views.append(PairView(view.plan.columns, f.reshape(shape), cov, planning))
+                pair_views.append(
+                    PairView(view.plan.columns, f.reshape(shape), cov, planning, g.reshape(shape))
+                )
                 continue
             variance = row_variances(cov, (f.size, 1), 1.0, 0.0, 0.0)[:, 0]
             attributes[column] = self.categorical(column, normalize(f), variance, m, "direct")
-        consistent = make_consistent(pair_views) if pair_views else None
+        consistent = make_consistent(pair_views, self.dependence(n)) if pair_views else None
         marginals = []
         if consistent is not None:
             for column, (frequencies, variance) in consistent.one_way.items():
@@ -711,7 +728,7 @@ class MultiAttributeMechanism(Mechanism[CountStatistics]):
             cov = frequency_covariance(p, q, np.zeros(view.plan.cells), m, view.oracle == "grr")
             if len(view.plan.columns) == 2:
                 f = np.full(view.plan.shape, 1.0 / view.plan.cells)
-                pairs.append(PairView(view.plan.columns, f, cov, cov))
+                pairs.append(PairView(view.plan.columns, f, cov, cov, f))
             else:
                 shape = (view.plan.cells, 1)
                 per_attribute[column] = float(row_variances(cov, shape, 1.0, 0.0, 0.0).mean())
