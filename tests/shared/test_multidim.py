@@ -542,3 +542,23 @@ def test_attribute_shared_by_two_pairs_has_the_stated_variance(protocol: str, or
             assert low < ratio.min() and ratio.max() < high, (name, ratio)
         else:
             assert 0.9 * low < ratio.min() and ratio.max() < 1.1 * high, (name, ratio)
+
+
+def test_smp_of_two_byte_views_counts_as_the_general_path_does() -> None:
+    """The one-bincount path of ``smp`` (every view a 2-byte GRR index) gives the counts
+    the view-by-view path gives, and a report out of range is still refused by name."""
+    attributes = [{"name": "a", "domain_size": 5}, {"name": "b", "domain_size": 300}]
+    mech = build("smp", attributes=attributes, pairs=None, oracle="grr")
+    rng = np.random.default_rng(8)
+    rows = np.column_stack([rng.integers(0, 5, 5000), rng.integers(0, 300, 5000)])
+    reports = mech.encode(rows.astype(np.float64), rng)
+    _, blocks = mech._view_blocks(reports)
+    general = np.concatenate(
+        [[block.shape[0] for block, _ in blocks]]
+        + [view.counts(block) for view, (block, _) in zip(mech.views, blocks, strict=True)]
+    )
+    assert mech.aggregate(reports) == CountStatistics(5000, general)
+    bad = reports.copy()
+    bad[17] = [0, 0, 9]  # view 0 holds 5 values: 9 is out of range
+    with pytest.raises(ValueError, match="report 17"):
+        mech.aggregate(bad)
