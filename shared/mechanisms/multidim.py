@@ -397,18 +397,20 @@ class MultiAttributeMechanism(Mechanism[CountStatistics]):
         if self.name == "spl":
             return np.hstack([view.encode(view.inputs(rows), source) for view in self.views])
         chosen = source.integers(self.k, n) if n else np.zeros(0, np.int64)
+        # the devices of each view, by position: one stable sort of the drawn views
+        order = np.argsort(chosen.astype(np.uint8), kind="stable")
+        edges = np.searchsorted(chosen[order], np.arange(self.k + 1)).tolist()
+        members = [order[edges[v] : edges[v + 1]] for v in range(self.k)]
         if self.name == "smp":
             out = np.zeros((n, 1 + max(view.width for view in self.views)), np.uint8)
             out[:, 0] = chosen
-            for v, view in enumerate(self.views):
-                picked = chosen == v
-                out[picked, 1 : 1 + view.width] = view.encode(view.inputs(rows[picked]), source)
+            for view, picked in zip(self.views, members, strict=True):
+                out[picked, 1 : 1 + view.width] = view.encode(view.inputs(rows)[picked], source)
             return out
         blocks = []
-        for v, view in enumerate(self.views):
+        for view, picked in zip(self.views, members, strict=True):
             block = view.fake(n, source) if n else np.zeros((0, view.width), np.uint8)
-            picked = chosen == v
-            block[picked] = view.encode(view.inputs(rows[picked]), source)
+            block[picked] = view.encode(view.inputs(rows)[picked], source)
             blocks.append(block)
         return np.hstack(blocks)
 
