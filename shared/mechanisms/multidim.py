@@ -115,7 +115,8 @@ from shared.statistics import CountStatistics, MomentStatistics
 
 
 def _u16_bytes(values: np.ndarray) -> np.ndarray:
-    return np.stack([values >> 8, values & 0xFF], axis=1).astype(np.uint8)
+    """Each value (0..65535) as 2 bytes, most significant first (big-endian uint16)."""
+    return np.asarray(values).astype(">u2").view(np.uint8).reshape(-1, 2)
 
 
 def _u16_values(block: np.ndarray) -> np.ndarray:
@@ -375,11 +376,9 @@ class MultiAttributeMechanism(Mechanism[CountStatistics]):
                 bad = np.flatnonzero(np.isnan(column))
                 problem = "is NaN"
             else:
+                # NaN differs from its rounding; -inf is below 0 and inf beyond the domain
                 bad = np.flatnonzero(
-                    (column != np.round(column))
-                    | (column < 0)
-                    | (column >= attribute.domain_size)
-                    | ~np.isfinite(column)
+                    (column != np.round(column)) | (column < 0) | (column >= attribute.domain_size)
                 )
                 problem = f"is not a category index in 0..{attribute.domain_size - 1}"
             if bad.size:
@@ -395,7 +394,12 @@ class MultiAttributeMechanism(Mechanism[CountStatistics]):
         rows = self.check_rows(values)
         n = rows.shape[0]
         if self.name == "spl":
-            return np.hstack([view.encode(view.inputs(rows), source) for view in self.views])
+            out = np.empty((n, self.report_width), np.uint8)
+            for v, view in enumerate(self.views):
+                out[:, self.offsets[v] : self.offsets[v + 1]] = view.encode(
+                    view.inputs(rows), source
+                )
+            return out
         chosen = source.integers(self.k, n) if n else np.zeros(0, np.int64)
         # the devices of each view, by position: one stable sort of the drawn views
         order = np.argsort(chosen.astype(np.uint8), kind="stable")
