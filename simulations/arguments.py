@@ -5,18 +5,22 @@ usage error (exit status 2, the message after the option's name). ``list_of`` an
 ``one_of`` build the types of comma-separated lists and of names from a fixed set.
 ``run_options`` is the parent parser (argparse ``parents=[...]``) of the options that
 every command running a simulation shares: ``--reps``, ``--seed``, ``--out``,
-``--workers``, ``--scheduler`` and ``--quiet``.
+``--workers``, ``--scheduler`` and ``--quiet``. ``check_cells`` builds every cell of a
+grid once, so that a spec the grid cannot run is a usage error naming the cell.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, Protocol, TypeVar
+
+from pydantic import ValidationError
 
 __all__ = [
+    "check_cells",
     "checked",
     "count",
     "epsilon_or_inf",
@@ -30,6 +34,32 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+
+class GridCell(Protocol):
+    """A cell of a simulation grid: it builds its mechanism, or raises ValueError (a
+    pydantic ``ValidationError`` for a spec the mechanism refuses) saying why not."""
+
+    def make(self) -> Any: ...
+
+
+C = TypeVar("C", bound=GridCell)
+
+
+def check_cells(
+    cells: Sequence[C], parser: argparse.ArgumentParser, describe: Callable[[C], str]
+) -> None:
+    """Build every cell's mechanism once, before any work starts: the first cell that
+    cannot be built is argparse's usage error, ``describe(cell)`` then why (a refused spec
+    says its first problem)."""
+    for cell in cells:
+        try:
+            cell.make()
+        except ValidationError as error:
+            message = error.errors()[0]["msg"].removeprefix("Value error, ")
+            parser.error(f"{describe(cell)}: {message}")
+        except ValueError as error:
+            parser.error(f"{describe(cell)}: {error}")
 
 
 def checked(kind: Callable[[str], T]) -> Callable[[str], T]:

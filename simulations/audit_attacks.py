@@ -782,9 +782,7 @@ def _records(mech: MultiAttributeMechanism) -> tuple[dict[str, Any], dict[str, A
         if column in numeric:
             inner: Any = numeric[column]
             ends = (
-                (inner.upper, inner.lower)
-                if inner.name == "duchi"
-                else (inner.lower, inner.upper)
+                (inner.upper, inner.lower) if inner.name == "duchi" else (inner.lower, inner.upper)
             )
             first[attribute.name], second[attribute.name] = ends
         else:

@@ -6,10 +6,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pydantic import ValidationError
-
 from simulations import distribution, report
 from simulations.arguments import (
+    check_cells,
     checked,
     list_of,
     one_of,
@@ -150,14 +149,9 @@ def cells_of(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[
         for n in grid["users"]
         for epsilon in grid["epsilons"]
     ]
-    for cell in cells:
-        try:
-            cell.make()
-        except ValidationError as error:
-            message = error.errors()[0]["msg"].removeprefix("Value error, ")
-            parser.error(f"{cell.mechanism} on {cell.shape} at epsilon={cell.epsilon:g}: {message}")
-        except ValueError as error:
-            parser.error(f"{cell.mechanism} on {cell.shape}: {error}")
+    check_cells(
+        cells, parser, lambda cell: f"{cell.mechanism} on {cell.shape} at epsilon={cell.epsilon:g}"
+    )
     return cells
 
 

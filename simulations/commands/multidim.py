@@ -7,10 +7,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pydantic import ValidationError
-
 from simulations import multidim, report
 from simulations.arguments import (
+    check_cells,
     checked,
     list_of,
     one_of,
@@ -181,14 +180,7 @@ def cells_of(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[
         for n in grid["users"]
         for epsilon in grid["epsilons"]
     ]
-    for cell in cells:
-        try:
-            cell.make()
-        except ValidationError as error:
-            message = error.errors()[0]["msg"].removeprefix("Value error, ")
-            parser.error(f"{cell.protocol} at epsilon={cell.epsilon:g}: {message}")
-        except ValueError as error:
-            parser.error(f"{cell.protocol} at epsilon={cell.epsilon:g}: {error}")
+    check_cells(cells, parser, lambda cell: f"{cell.protocol} at epsilon={cell.epsilon:g}")
     return cells
 
 

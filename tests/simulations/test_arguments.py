@@ -9,6 +9,7 @@ import pytest
 
 from simulations.arguments import (
     RUN_OPTIONS,
+    check_cells,
     list_of,
     one_of,
     probability,
@@ -71,3 +72,25 @@ def test_every_command_takes_the_run_options_from_the_one_parent() -> None:
         assert {"seed", "out", "quiet"} <= dests <= shared, name
         others = [a.dest for g in parser._action_groups if g is not group for a in g._group_actions]
         assert not set(others) & shared, (name, set(others) & shared)
+
+
+def test_a_grid_cell_that_cannot_be_built_is_a_usage_error_naming_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``check_cells``: the first cell whose mechanism refuses its spec stops the command
+    before any work, with the cell's description and the refusal's first problem."""
+
+    class Cell:
+        def __init__(self, problem: str | None) -> None:
+            self.problem = problem
+
+        def make(self) -> None:
+            if self.problem is not None:
+                raise ValueError(self.problem)
+
+    parser = argparse.ArgumentParser(prog="ldp-sim multidim")
+    check_cells([Cell(None)], parser, lambda cell: "fine")  # nothing to say
+    with pytest.raises(SystemExit) as exit_info:
+        check_cells([Cell(None), Cell("too small"), Cell("later")], parser, lambda c: "cell")
+    assert exit_info.value.code == 2
+    assert "cell: too small" in capsys.readouterr().err
