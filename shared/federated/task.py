@@ -69,6 +69,7 @@ __all__ = [
     "DPSGDSpec",
     "LocalTrainingSpec",
     "RoundRecord",
+    "SecureAggregationSpec",
     "TaskConfig",
     "TaskState",
     "calibrate",
@@ -152,6 +153,48 @@ class DPSGDSpec(BaseModel):
         )  # fmt: skip
 
 
+class SecureAggregationSpec(BaseModel):
+    """Secure aggregation of the ``distributed`` mode's uploads (SecAgg+, see
+    :mod:`shared.federated.secagg`): the server learns the sum of a round's masked updates
+    and nothing else about any one of them.
+
+    Each round runs four steps (advertise keys, share keys, masked input, unmasking), each
+    open for at most ``step_timeout_seconds``. Devices are joined in a random graph of
+    ``neighbours`` (``k``) neighbours each, planned from the round's devices when null,
+    so that a round still completes when up to ``max_dropout`` of its devices drop out
+    along the way; a device's secrets are Shamir-shared among its neighbours with
+    threshold ``t = floor(threshold_fraction k) + 1`` (more than half of them).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_dropout: float = Field(
+        default=0.3,
+        ge=0,
+        le=0.45,
+        description="share of a round's devices that may drop out between its first and last "
+        "step, 0 to 0.45: the neighbourhoods are planned so that the round still completes",
+    )
+    threshold_fraction: float = Field(
+        default=0.5,
+        ge=0.5,
+        lt=1,
+        description="t = floor(threshold_fraction k) + 1 of a device's k neighbours rebuild "
+        "its secrets; more than half, so that no two disjoint groups of them can",
+    )
+    neighbours: int | None = Field(
+        default=None,
+        ge=2,
+        le=10_000,
+        description="k, the neighbours of each device (even); null: planned from the round's "
+        "devices and max_dropout (every other device when the round is small)",
+    )
+    step_timeout_seconds: float = Field(
+        default=30.0, gt=0, le=86_400, allow_inf_nan=False,
+        description="each step waits this long at most for the devices still expected",
+    )  # fmt: skip
+
+
 class TaskConfig(BaseModel):
     """A federated task as created by an admin: model, privacy mode and budget, schedule."""
 
@@ -197,6 +240,11 @@ class TaskConfig(BaseModel):
     dpsgd: DPSGDSpec | None = Field(
         default=None, description="silo mode only (and required there): each silo's DP-SGD"
     )
+    secure_aggregation: SecureAggregationSpec | None = Field(
+        default=None,
+        description="distributed mode only: the server receives masked uploads and learns "
+        "only their sum (SecAgg+); null: plain uploads, each seen by the server",
+    )
     server_learning_rate: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     server_momentum: float = Field(default=0.0, ge=0, lt=1)
     min_clients: int = Field(default=1, ge=1, description="a round closes with no fewer")
@@ -231,6 +279,10 @@ class TaskConfig(BaseModel):
             raise ValueError(
                 f"noise_multiplier must be 0 (no privacy) or at least {MIN_NOISE_MULTIPLIER}, got "
                 f"{self.noise_multiplier!r}: one round at less spends more than 90 epsilon"
+            )
+        if self.secure_aggregation is not None and self.mode != "distributed":
+            raise ValueError(
+                f"secure_aggregation applies to the distributed mode only, not {self.mode!r}"
             )
         if self.max_clients is not None and self.max_clients < self.min_clients:
             raise ValueError("max_clients must be at least min_clients")
