@@ -51,6 +51,7 @@ __all__ = [
     "LATTICE_BITS",
     "MAX_COUNT_NOISE",
     "Lattice",
+    "count_on_lattice",
     "count_scale",
     "noisy_count",
     "noise_variance",
@@ -156,16 +157,17 @@ class Lattice:
         """``N_Z(0, (z Delta)^2)`` on every coordinate (int64), ``z = multiplier > 0``."""
         return discrete_gaussian(noise_variance(multiplier * self.bound), shape, rng)
 
-    def privatize(
+    def noisy_round(
         self, rows: np.ndarray, multiplier: float, rng: Rng | RandomSource = None
     ) -> np.ndarray:
-        """``g (round(row / g) + N_Z(0, (z Delta)^2 I))`` for every clipped row; without
-        noise (``z = 0``) the rounded rows alone."""
+        """``round(row / g) + N_Z(0, (z Delta)^2 I)`` for every clipped row, on the lattice
+        (int64; times ``g`` it is the update again); without noise (``z = 0``) the rounded
+        rows alone."""
         source = as_source(rng)
         lattice = self.round(rows, source)
         if multiplier > 0:
             lattice = lattice + self.noise(multiplier, lattice.shape, source)
-        return lattice * self.step
+        return lattice
 
     def noisy_sum(
         self, rows: np.ndarray, multiplier: float, rng: Rng | RandomSource = None
@@ -193,17 +195,24 @@ def count_scale(std: float) -> int:
     return scale
 
 
-def noisy_count(count: np.ndarray | float, std: float, rng: Rng | RandomSource = None) -> float:
-    """``(sum_k rint(L c_k) + N_Z(0, (L std)^2)) / L`` with ``L = count_scale(std)``: counts
+def count_on_lattice(count: np.ndarray | float, std: float, rng: Rng | RandomSource = None) -> int:
+    """``sum_k rint(L c_k) + N_Z(0, (L std)^2)`` with ``L = count_scale(std)``: counts
     ``c_k`` in ``[0, 1]`` (bits, maybe already noised) summed on the count's lattice, and
-    noise added there; ``std = 0``: the plain sum."""
-    if std == 0:
-        return float(np.sum(count))
+    noise added there (none for ``std = 0``, where ``L = COUNT_SCALE``)."""
     scale = count_scale(std)
     units = np.asarray(count, dtype=np.float64) * scale
     total = int(np.rint(units).astype(np.int64).sum())
-    total += int(discrete_gaussian(noise_variance(std * scale), 1, rng)[0])
-    return total / scale
+    if std > 0:
+        total += int(discrete_gaussian(noise_variance(std * scale), 1, rng)[0])
+    return total
+
+
+def noisy_count(count: np.ndarray | float, std: float, rng: Rng | RandomSource = None) -> float:
+    """``count_on_lattice(count, std) / L`` (:func:`count_on_lattice`): the noisy sum of the
+    counts ``c_k``; ``std = 0``: their plain sum."""
+    if std == 0:
+        return float(np.sum(count))
+    return count_on_lattice(count, std, rng) / count_scale(std)
 
 
 def _squared_norms(rows: np.ndarray) -> np.ndarray:

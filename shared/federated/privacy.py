@@ -26,11 +26,23 @@ at most ``C``; in the ``silo`` mode ``C`` bounds each record's gradient instead.
 ``distributed``
     each client adds ``N(0, (z C)^2 / (q W))``, so that the sum of ``m`` uploads carries
     noise of variance ``(z C)^2 m / (q W)``: the central noise when ``m = q W``. This
-    protects users from the analyst only if the server sees nothing but the sum, i.e.
-    **it assumes secure aggregation, which this project does not provide**: the server
-    here sees every upload, which is then protected only by its own (small) noise. The
+    protects users from the analyst only if the server sees nothing but the sum. With the
+    task's ``secure_aggregation`` it does: each device uploads its clipped, rounded and
+    noised update on the integer lattice (:func:`privatize_on_lattice`) masked in the ring
+    ``Z_(2^b)`` by SecAgg+ (:mod:`shared.federated.secagg`), the server unmasks only the
+    sum of the included inputs, and ``b`` (:meth:`DPConfig.secure_modulus_bits`) keeps
+    that sum from wrapping around but for probability ``2^-40``. **Without it the server
+    sees every upload**, which is then protected only by its own (small) noise. The
     accountant charges each round at the effective multiplier ``z sqrt(m / (q W))``, with
-    the neighbouring relation "one user's update replaced by zero".
+    the neighbouring relation "one user's update replaced by zero". Dropouts cannot make
+    a round cheaper than it is charged: the unmasked sum holds exactly the noise shares of
+    the ``m`` masked inputs it includes (a device that drops out before masking is left
+    out with its share, one that drops out after is counted), it is charged for those
+    ``m`` by the bound of Kairouz, Liu and Steinke on sums of discrete Gaussians
+    (:meth:`DPConfig.accounting_noise_multiplier`), and a round closes only with ``m >=
+    min_clients``, the fewest shares the calibration of ``z`` already charges for. The
+    server cannot check one device's masked update: secure aggregation hides the uploads
+    from the server, it does not stop a device from sending a wrong one.
 
 ``silo``
     cross-silo federated learning with **record-level** privacy: each client (a silo,
@@ -93,12 +105,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Literal
 
 import numpy as np
 
 from shared.federated.fedavg import FedAvg
-from shared.federated.lattice import MAX_COUNT_NOISE, Lattice, count_scale, noisy_count
+from shared.federated.lattice import (
+    MAX_COUNT_NOISE,
+    Lattice,
+    count_on_lattice,
+    count_scale,
+    noise_variance,
+    noisy_count,
+)
 from shared.federated.models import MAX_MODEL_PARAMETERS
 from shared.randomness import RandomSource, Rng, as_source
 
@@ -113,6 +133,7 @@ __all__ = [
     "clip_rows",
     "clip_update",
     "privatize",
+    "privatize_on_lattice",
 ]
 
 PrivacyMode = Literal["none", "local", "central", "distributed", "silo"]
@@ -137,6 +158,13 @@ MAX_CLIP_LOG_STEP = 1.0
 
 #: Largest update noise multiplier ``z_Delta`` that adaptive clipping may leave.
 MAX_NOISE_MULTIPLIER = 1e6
+
+#: Chance that an honest secure round's sum leaves the ring of
+#: :meth:`DPConfig.secure_modulus_bits` (and wraps around): ``2^-40``.
+OVERFLOW_PROBABILITY = 2.0**-40
+
+#: The widest ring secure aggregation offers: ``Z_(2^64)``.
+MAX_MODULUS_BITS = 64
 
 
 def clip_rows(updates: np.ndarray, clip_norm: float) -> tuple[np.ndarray, np.ndarray]:
@@ -358,6 +386,78 @@ class DPConfig:
         std = self.client_noise_std * rounded
         return rounded + std * (math.sqrt(num_params) + NORM_TAIL_ALLOWANCE)
 
+    def secure_vector_length(self, num_params: int) -> int:
+        """``L``, the coordinates of a secure upload (:func:`privatize_on_lattice`): the
+        ``P = num_params`` of the update, and one more with adaptive clipping, the noisy
+        unclipped bit on its count lattice, last."""
+        if not _is_count(num_params):
+            raise ValueError(f"num_params must be an integer >= 1, got {num_params!r}")
+        return int(num_params) + (self.adaptive is not None)
+
+    def secure_modulus_bits(self, clip_norm: float, num_params: int, max_shares: int) -> int:
+        """``b``: the smallest ring ``Z_(2^b)`` that holds the sum of a secure round.
+
+        Up to ``n = max_shares`` devices each upload :func:`privatize_on_lattice`'s vector of
+        ``L = secure_vector_length(P)`` coordinates: an update coordinate is a rounded value,
+        ``|x_i| <= ||x|| <= Delta`` deterministically (``Delta = Lattice(C, P).bound``; on
+        integers ``|x_i| <= D = isqrt(floor(Delta^2))``), plus a share ``N_Z(0, sigma^2)``;
+        the count coordinate (adaptive clipping) is ``rint(L_c b) in {0, L_c}``
+        (``L_c = count_scale(s)``) plus a share ``N_Z(0, sigma_c^2)``. The discrete Gaussian
+        is sub-Gaussian with its ``sigma^2``, ``E exp(t X) <= exp(t^2 sigma^2 / 2)``
+        (Canonne, Kamath and Steinke 2020), so a sum of ``n`` independent shares is
+        sub-Gaussian with ``n sigma^2`` and leaves ``[-T, T]``, ``T = sigma sqrt(2 n ln(2 L
+        / p))``, with probability at most ``2 exp(-T^2 / (2 n sigma^2)) = p / L``. By the
+        union bound over the ``L`` coordinates, every coordinate of the sum lies within
+
+            ``M = max(n D + sigma sqrt(2 n ln(2 L / p)), n L_c + sigma_c sqrt(2 n ln(2 L /
+            p)))``
+
+        but for probability ``p = OVERFLOW_PROBABILITY = 2^-40``, and ``b = floor(log2 M) +
+        2`` is the smallest ``b`` with ``M < 2^(b - 1)``: then ``[-M, M]`` lies in ``[-2^(b -
+        1), 2^(b - 1))`` and the sum taken modulo ``2^b`` is the sum itself. The ``sigma``
+        are the variances the sampler uses (:func:`shared.federated.lattice.noise_variance`);
+        without noise (``z = 0``) ``M`` is the deterministic ``n D`` (``n L_c``) alone.
+
+        Raises:
+            ValueError: outside the distributed mode, for bad arguments, or when ``b`` would
+                exceed 64 (the message names ``M``).
+        """
+        if self.mode != "distributed":
+            raise ValueError(
+                f"secure aggregation applies to the distributed mode only, not {self.mode!r}"
+            )
+        if not _is_count(max_shares):
+            raise ValueError(f"max_shares must be an integer >= 1, got {max_shares!r}")
+        max_shares = int(max_shares)
+        length = self.secure_vector_length(num_params)
+        lattice = Lattice(clip_norm, int(num_params))
+        tail = math.sqrt(2 * max_shares * math.log(2 * length / OVERFLOW_PROBABILITY))
+        coordinate = math.isqrt(math.floor(Fraction(lattice.bound) ** 2))
+        reach = max_shares * coordinate + tail * _share_std(self.client_noise_std * lattice.bound)
+        if self.adaptive is not None:
+            count_std = self.unclipped_noise_std
+            scale = count_scale(count_std)
+            reach = max(reach, max_shares * scale + tail * _share_std(count_std * scale))
+        bits = math.frexp(reach)[1] + 1  # 2^(e - 1) <= M < 2^e = 2^(b - 1)
+        if bits > MAX_MODULUS_BITS:
+            raise ValueError(
+                f"the sum of {max_shares} secure uploads of {length} coordinates reaches "
+                f"{reach:.6g} (with chance 2^-40 of more), beyond the ring Z_(2^64): take "
+                "fewer devices into a round (max_clients) or less noise"
+            )
+        return bits
+
+
+def _is_count(value: object) -> bool:
+    """Whether ``value`` is an integer >= 1 (a Python or numpy integer, not a bool)."""
+    return isinstance(value, int | np.integer) and not isinstance(value, bool) and bool(value >= 1)
+
+
+def _share_std(std: float) -> float:
+    """The std of the share :meth:`Lattice.noise` draws for a wanted ``std`` (its variance
+    rounded up by :func:`noise_variance`); 0 for no noise."""
+    return math.sqrt(float(noise_variance(std))) if std > 0 else 0.0
+
 
 @dataclass(frozen=True)
 class Contribution:
@@ -375,21 +475,70 @@ def privatize(
     update: np.ndarray, config: DPConfig, clip_norm: float, rng: Rng | RandomSource = None
 ) -> Contribution:
     """The client's side of the mode: clip to ``clip_norm``, round onto the lattice and add
-    the client's discrete noise share (:meth:`Lattice.privatize`; the bit's share by
-    :func:`noisy_count`); in the ``none`` mode, and in the ``silo`` mode whose DP-SGD
-    steps did both already, the update as it is; without noise (``z = 0``, no privacy)
-    the clipped update as it is."""
+    the client's discrete noise share (:func:`_on_lattice`), the float upload ``g x`` and
+    the bit ``c / L``; in the ``none`` mode, and in the ``silo`` mode whose DP-SGD steps
+    did both already, the update as it is; in the central mode, and without noise (``z =
+    0``, no privacy), the clipped update as it is."""
     raw = np.asarray(update, dtype=np.float64)
     if config.mode in ("none", "silo"):
         return Contribution(raw.copy(), 0.0)
-    source = as_source(rng)
-    clipped, unclipped = clip_update(raw, clip_norm)
     if config.mode == "central" or not config.private:
+        clipped, unclipped = clip_update(raw, clip_norm)
         return Contribution(clipped, float(unclipped))
+    share = _on_lattice(raw, config, clip_norm, as_source(rng))
+    return Contribution(share.update * share.lattice.step, share.count / share.count_scale)
+
+
+def privatize_on_lattice(
+    update: np.ndarray, config: DPConfig, clip_norm: float, rng: Rng | RandomSource = None
+) -> np.ndarray:
+    """The distributed mode's secure upload, on the integer lattices (int64, of length
+    :meth:`DPConfig.secure_vector_length`): the update clipped to ``clip_norm``, rounded
+    onto its lattice (:meth:`Lattice.round`, ``||x|| <= Delta``) plus ``N_Z(0, (s_u
+    Delta)^2)`` on every coordinate (``s_u`` = :attr:`DPConfig.client_noise_std`), and,
+    with adaptive clipping, the count coordinate ``rint(L b) + N_Z(0, (L s)^2)`` last
+    (``b`` the unclipped bit, ``s`` = :attr:`DPConfig.unclipped_noise_std`, ``L =
+    count_scale(s)``): the same draws as :func:`privatize`'s (:func:`_on_lattice`), before
+    they are scaled back. Without noise (``z = 0``) the rounded values alone.
+
+    Raises:
+        ValueError: outside the distributed mode, or for an update that is not a non-empty
+            finite vector.
+    """
+    if config.mode != "distributed":
+        raise ValueError(f"secure uploads belong to the distributed mode only, not {config.mode!r}")
+    share = _on_lattice(np.asarray(update, dtype=np.float64), config, clip_norm, as_source(rng))
+    if config.adaptive is None:
+        return share.update
+    return np.append(share.update, np.int64(share.count))
+
+
+@dataclass(frozen=True)
+class _LatticeShare:
+    """One device's upload on the lattices: the update's integers on ``lattice`` and the
+    unclipped bit's integer ``count`` on the count lattice of ``count_scale`` steps."""
+
+    lattice: Lattice
+    update: np.ndarray
+    count: int
+    count_scale: int
+
+
+def _on_lattice(
+    update: np.ndarray, config: DPConfig, clip_norm: float, source: RandomSource
+) -> _LatticeShare:
+    """Clip, round onto the lattice with the device's noise share
+    (:meth:`Lattice.noisy_round` at ``client_noise_std``), and put the unclipped bit with
+    its share on the count's lattice (:func:`count_on_lattice` at ``unclipped_noise_std``).
+    """
+    if update.ndim != 1 or update.size == 0 or not np.all(np.isfinite(update)):
+        raise ValueError(f"the update must be a non-empty finite vector, got shape {update.shape}")
+    clipped, unclipped = clip_update(update, clip_norm)
     lattice = Lattice(clip_norm, clipped.size)
-    noisy = lattice.privatize(clipped[None, :], config.client_noise_std, source)[0]
-    bit = noisy_count(float(unclipped), config.unclipped_noise_std, source)
-    return Contribution(noisy, bit)
+    units = lattice.noisy_round(clipped[None, :], config.client_noise_std, source)[0]
+    count_std = config.unclipped_noise_std
+    count = count_on_lattice(float(unclipped), count_std, source)
+    return _LatticeShare(lattice, units, count, count_scale(count_std))
 
 
 @dataclass(frozen=True)
@@ -413,7 +562,9 @@ class PrivateAggregation:
     of unclipped bits gets ``N_Z(0, sigma_b^2)`` on its lattice (:func:`noisy_count`).
     ``distributed``: the uploads carry the noise; the sum is divided by ``q W``. With
     adaptive clipping the noisy unclipped fraction sets the next round's ``C``, from bits
-    first brought into :meth:`DPConfig.unclipped_range`.
+    first brought into :meth:`DPConfig.unclipped_range`. With secure aggregation the
+    distributed mode's server has the sum alone, on the lattices
+    (:meth:`aggregate_lattice_sum`).
     """
 
     strategy: FedAvg
@@ -451,9 +602,60 @@ class PrivateAggregation:
             )  # fmt: skip
             count = noisy_count(np.minimum(bits, server_bits), count_noise, source)
         else:
-            mean = self.strategy.aggregate(rows) * (m / expected)
+            if rows.ndim != 2 or m == 0:
+                raise ValueError(
+                    f"updates must be a non-empty (clients, params) array, got {rows.shape}"
+                )
+            mean = rows.sum(axis=0) / expected
             count = float(np.sum(bits))
-        if config.adaptive is None:
-            return RoundOutcome(mean, m, clip_norm, None)
-        fraction = count / expected
-        return RoundOutcome(mean, m, config.adaptive.next_clip_norm(clip_norm, fraction), fraction)
+        return self._outcome(mean, m, clip_norm, count)
+
+    def aggregate_lattice_sum(
+        self, lattice_sum: np.ndarray, participants: int, clip_norm: float
+    ) -> RoundOutcome:
+        """The distributed mode's round from the sum of its ``m = participants`` secure
+        uploads alone (:func:`privatize_on_lattice`, summed in the ring and read back as
+        int64), as :meth:`aggregate` treats the same uploads: the mean update ``g sum_k x_k
+        / (q W)`` (``g`` the lattice step at ``clip_norm``) and, with adaptive clipping, the
+        fraction ``c / (L q W)`` from the count coordinate ``c`` (``L = count_scale(s)``).
+        The server cannot bring single bits into :meth:`DPConfig.unclipped_range` here, so
+        it brings their sum into ``m`` times that range (the same for honest bits).
+
+        Raises:
+            ValueError: outside the distributed mode, for a sum that is not a 1-D integer
+                vector with at least one update coordinate, or fewer than one participant.
+        """
+        config = self.config
+        if config.mode != "distributed":
+            raise ValueError(
+                f"a lattice sum comes from the distributed mode only, not {config.mode!r}"
+            )
+        total = np.asarray(lattice_sum)
+        extra = int(config.adaptive is not None)
+        if total.ndim != 1 or total.dtype.kind not in "iu" or total.size <= extra:
+            raise ValueError(
+                f"the lattice sum must be a vector of more than {extra} integers, got "
+                f"{total.dtype} of shape {total.shape}"
+            )
+        if not _is_count(participants):
+            raise ValueError(f"participants must be an integer >= 1, got {participants!r}")
+        num_params = total.size - extra
+        step = Lattice(clip_norm, num_params).step
+        mean = total[:num_params].astype(np.float64) * step / config.expected_clients
+        low, high = config.unclipped_range()
+        count = total[num_params:].sum() / count_scale(config.unclipped_noise_std)
+        count = min(max(float(count), participants * low), participants * high)
+        return self._outcome(mean, int(participants), clip_norm, count)
+
+    def _outcome(
+        self, mean: np.ndarray, participants: int, clip_norm: float, count: float
+    ) -> RoundOutcome:
+        """The round's outcome: with adaptive clipping the fraction ``count / (q W)`` and the
+        next clip norm from it, else the clip norm as it is."""
+        adaptive = self.config.adaptive
+        if adaptive is None:
+            return RoundOutcome(mean, participants, clip_norm, None)
+        fraction = count / self.config.expected_clients
+        return RoundOutcome(
+            mean, participants, adaptive.next_clip_norm(clip_norm, fraction), fraction
+        )

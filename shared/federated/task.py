@@ -21,6 +21,8 @@ Both the aggregator service and the in-process simulation run a task through
    (:class:`shared.accounting.GaussianRoundsAccountant` of the discrete Gaussian: every
    mode's noise is exact discrete Gaussian noise on a lattice, accounted by its zCDP
    bound with Poisson subsampling, see :mod:`shared.federated.privacy`).
+   ``close_secure_round(sum, m)`` does the same from the sum of a secure round's ``m``
+   lattice uploads alone (the distributed mode with ``secure_aggregation``).
    ``restart_round()`` abandons the open round instead (the service does so when too few
    uploads came by its deadline): its contributions are discarded unread and the round is
    drawn again as a new ``attempt``, in which every device decides afresh, with
@@ -58,6 +60,7 @@ from shared.federated.privacy import (
     PrivacyMode,
     PrivateAggregation,
     RecordSampling,
+    RoundOutcome,
 )
 from shared.federated.vectors import decode_vector, encode_vector
 from shared.randomness import RandomSource, Rng
@@ -612,12 +615,58 @@ class TaskState:
         Nothing changes if the round raises: budget, too few updates, or an aggregate that
         is not finite (ArithmeticError), after which the caller may restart the round.
         """
+        return self._close(
+            updates.shape[0],
+            lambda aggregation: aggregation.aggregate(
+                updates, unclipped, weights, self.clip_norm, rng
+            ),
+            evaluate,
+        )
+
+    def close_secure_round(
+        self,
+        lattice_sum: np.ndarray,
+        participants: int,
+        evaluate: Callable[[np.ndarray], dict[str, float]] | None = None,
+    ) -> RoundRecord:
+        """:meth:`close_round` for a distributed round whose server learned only the sum.
+
+        ``lattice_sum`` is the int64 sum of the ``participants`` (``m``) secure uploads the
+        round's secure aggregation included (:func:`shared.federated.privacy.
+        privatize_on_lattice`, of :meth:`DPConfig.secure_vector_length` coordinates),
+        read back from the ring. The same checks, model step
+        (:meth:`PrivateAggregation.aggregate_lattice_sum`), charge (at
+        ``_charged_multiplier(m)``: the sum holds exactly ``m`` noise shares), history and
+        exceptions as :meth:`close_round`; nothing changes if it raises.
+        """
+        length = self.dp.secure_vector_length(self.num_params)
+
+        def aggregate(aggregation: PrivateAggregation) -> RoundOutcome:
+            if np.shape(lattice_sum) != (length,):
+                raise ValueError(
+                    f"the lattice sum must have the task's {length} coordinates, got shape "
+                    f"{np.shape(lattice_sum)}"
+                )
+            return aggregation.aggregate_lattice_sum(lattice_sum, participants, self.clip_norm)
+
+        if isinstance(participants, bool) or not isinstance(participants, int | np.integer):
+            raise ValueError(f"participants must be an integer, got {participants!r}")
+        return self._close(int(participants), aggregate, evaluate)
+
+    def _close(
+        self,
+        participants: int,
+        aggregate: Callable[[PrivateAggregation], RoundOutcome],
+        evaluate: Callable[[np.ndarray], dict[str, float]] | None,
+    ) -> RoundRecord:
+        """Close the round of ``participants`` contributions that ``aggregate`` sums: check
+        the budget and ``min_clients``, step the model, charge the round, record it; the
+        state changes only once every check has passed."""
         self.check_round()
-        m = updates.shape[0]
+        m = participants
         if m < self.config.min_clients:
             raise ValueError(f"a round needs at least {self.config.min_clients} updates, got {m}")
-        aggregation = PrivateAggregation(self.strategy, self.dp)
-        outcome = aggregation.aggregate(updates, unclipped, weights, self.clip_norm, rng)
+        outcome = aggregate(PrivateAggregation(self.strategy, self.dp))
         server = self.strategy.apply(self.server, outcome.mean_update)
         if not (np.all(np.isfinite(server.params)) and np.all(np.isfinite(server.velocity))):
             raise ArithmeticError("the round's aggregate takes the model to non-finite values")
