@@ -19,7 +19,13 @@ client takes part with probability q (Poisson sampling), trains locally from the
 model (``local_update``: local SGD, or in the ``silo`` mode DP-SGD over its records, the
 epsilon then per record of a silo), privatizes its update (``privatize``), and the round
 is aggregated and charged (``TaskState.close_round``). The test accuracy of the global
-model is recorded after every round. In-process by default; with ``--over-http`` the
+model is recorded after every round. A ``distributed`` task with secure aggregation
+(``secure=True``; ``--secure-aggregation``) privatizes onto the integer lattice
+(``privatize_on_lattice``), runs every round through SecAgg+
+(:func:`shared.federated.secagg.simulate_round`: keys, encrypted shares, masks and
+unmasking, with each sampled device dropping out at one of the three later steps with
+probability ``dropout``) and closes it from the unmasked sum
+(``TaskState.close_secure_round``). In-process by default; with ``--over-http`` the
 same run goes through a real ``ldp-aggregator serve`` (``/v1/federated``) with
 ``client.FederatedClient`` devices, and the accuracy is the one the server reports for
 its evaluation set.
@@ -35,6 +41,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,8 +50,9 @@ import httpx
 import numpy as np
 
 from shared.federated.models import ModelSpec, evaluate, make_model
-from shared.federated.privacy import privatize
-from shared.federated.task import TaskConfig, TaskState, local_update
+from shared.federated.privacy import privatize, privatize_on_lattice
+from shared.federated.secagg import Dropouts, NotEnoughSharesError, from_ring, simulate_round
+from shared.federated.task import RoundRecord, TaskConfig, TaskState, local_update
 from simulations import report
 from simulations.text import counted
 
@@ -188,15 +196,24 @@ class FederatedRun:
             "clip_norm": self.config.clip_norm,
             "clients_per_round": self.config.clients_per_round,
             "delta": self.config.delta,
+            "secure_aggregation": self.config.secure_aggregation is not None,
             "over_http": self.over_http,
             "seconds": self.seconds,
         }
 
 
 def task_config(
-    data: Dataset, mode: str, epsilon: float, rounds: int, delta: float, model: str, seed: int
+    data: Dataset,
+    mode: str,
+    epsilon: float,
+    rounds: int,
+    delta: float,
+    model: str,
+    seed: int,
+    secure: bool = False,
 ) -> TaskConfig:
-    """The task a run trains: the mode's defaults, the target epsilon (inf: no noise).
+    """The task a run trains: the mode's defaults, the target epsilon (inf: no noise);
+    ``secure``: a ``distributed`` task with secure aggregation (default settings).
 
     In the silo mode (epsilon per record) each silo's DP-SGD samples its records at
     ``q_r = B / n`` for ``ceil(E / q_r)`` steps a round (``E`` epochs at expected batch
@@ -230,6 +247,7 @@ def task_config(
             "max_clients": population,
             "seed": seed,
             **privacy,
+            **({"secure_aggregation": {}} if secure and mode == "distributed" else {}),
         }
     )
 
@@ -251,8 +269,13 @@ def _training(data: Dataset, defaults: ModeDefaults, mode: str) -> dict[str, Any
     }
 
 
-def run_task(data: Dataset, config: TaskConfig, epsilon: float, seed: int) -> FederatedRun:
-    """Train in this process, round by round, as the aggregator would."""
+def run_task(
+    data: Dataset, config: TaskConfig, epsilon: float, seed: int, dropout: float = 0.0
+) -> FederatedRun:
+    """Train in this process, round by round, as the aggregator would; with secure
+    aggregation, ``dropout`` is the chance that a sampled device drops out of a round
+    (after advertising its keys: at the shares, masked-input or unmasking step, each as
+    likely)."""
     rng = np.random.default_rng(seed)
     state = TaskState.start(config)
     model = make_model(config.model)
@@ -267,25 +290,66 @@ def run_task(data: Dataset, config: TaskConfig, epsilon: float, seed: int) -> Fe
         if len(holders) < config.min_clients:
             run.accuracy.append(run.accuracy[-1] if run.accuracy else math.nan)
             continue  # too few: the service restarts the round (a fresh draw), as here
-        rows, bits, weights = [], [], []
-        for index in holders:
-            x, y = data.clients[index]
-            update = local_update(
-                config, model, state.server.params, x, y, state.noise_multiplier,
-                state.clip_norm, rng,
+        updates = [
+            local_update(
+                config,
+                model,
+                state.server.params,
+                *data.clients[index],
+                state.noise_multiplier,
+                state.clip_norm,
+                rng,
             )  # fmt: skip
-            contribution = privatize(update, state.dp, state.clip_norm, rng)
-            rows.append(contribution.update)
-            bits.append(contribution.unclipped)
-            weights.append(len(x))
-        record = state.close_round(
-            np.stack(rows), np.array(bits), np.array(weights, dtype=np.float64), rng,
-            lambda params: evaluate(model, params, data.test_x, data.test_y),
-        )  # fmt: skip
+            for index in holders
+        ]
+        evaluation = lambda params: evaluate(model, params, data.test_x, data.test_y)  # noqa: E731
+        if config.secure_aggregation is None:
+            contributions = [privatize(u, state.dp, state.clip_norm, rng) for u in updates]
+            weights = [len(data.clients[index][0]) for index in holders]
+            record = state.close_round(
+                np.stack([c.update for c in contributions]),
+                np.array([c.unclipped for c in contributions]),
+                np.array(weights, dtype=np.float64), rng, evaluation,
+            )  # fmt: skip
+        else:
+            record = _secure_round(state, updates, dropout, rng, evaluation)
+            if record is None:
+                run.accuracy.append(run.accuracy[-1] if run.accuracy else math.nan)
+                continue  # too few masked inputs: the service restarts the round
         run.accuracy.append(record.evaluation["accuracy"])
     run.epsilon_spent = state.epsilon()
     run.seconds = time.perf_counter() - started
     return run
+
+
+def _secure_round(
+    state: TaskState,
+    updates: list[np.ndarray],
+    dropout: float,
+    rng: np.random.Generator,
+    evaluation: Callable[[np.ndarray], dict[str, float]],
+) -> RoundRecord | None:
+    """One round of a secure task in this process: every device's lattice upload masked
+        and the sum unmasked by SecAgg+ (devices dropping at ``dropout``), the round closed from
+        that sum; None when the service would restart it: fewer than ``min_clients`` masked
+    inputs, or too few unmasking answers."""
+    rows = np.stack([privatize_on_lattice(u, state.dp, state.clip_norm, rng) for u in updates])
+    n = rows.shape[0]
+    dropouts = Dropouts()
+    if dropout > 0:  # drawn only then: without dropouts the run is the plain one, draw for draw
+        drops = np.flatnonzero(rng.random(n) < dropout)
+        steps = rng.integers(0, 3, drops.size)
+        dropouts = Dropouts(*(frozenset(int(i) for i in drops[steps == k]) for k in range(3)))
+    if n - len(dropouts.shares) - len(dropouts.masked) < max(2, state.config.min_clients):
+        return None
+    assert state.config.secure_aggregation is not None
+    bits = state.dp.secure_modulus_bits(state.clip_norm, state.num_params, n)
+    try:
+        secure = simulate_round(rows, state.config.secure_aggregation, bits, dropouts)
+    except NotEnoughSharesError:
+        return None
+    total = from_ring(secure.total, bits)
+    return state.close_secure_round(total, len(secure.included), evaluation)
 
 
 def run_task_over_http(

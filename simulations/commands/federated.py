@@ -41,7 +41,8 @@ __all__ = ["COLUMNS", "register"]
 
 COLUMNS = [
     "dataset", "partition", "clients", "mode", "target_epsilon", "epsilon_spent",
-    "final_accuracy", "best_accuracy", "noise_multiplier", "clients_per_round", "seconds",
+    "final_accuracy", "best_accuracy", "noise_multiplier", "clients_per_round",
+    "secure_aggregation", "seconds",
 ]  # fmt: skip
 
 
@@ -101,6 +102,15 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--model", choices=["logistic", "mlp"], default="logistic", help="the model trained"
     )
+    parser.add_argument(
+        "--secure-aggregation", action="store_true",
+        help="distributed tasks run every round through SecAgg+ (the server sees only the sum)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--dropout", type=float, default=0.0,
+        help="with --secure-aggregation (in process): the chance a sampled device drops out "
+        "of a round after advertising its keys",
+    )  # fmt: skip
     parser.add_argument("--over-http", action="store_true", help="through a real aggregator")
     parser.set_defaults(run=_run, command_parser=parser)
 
@@ -119,6 +129,12 @@ def _plan(args: argparse.Namespace) -> list[tuple[str, int, str, str, float]]:
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if not 0 < args.delta < 1:
         parser.error(f"--delta must lie in (0, 1), got {args.delta}")
+    if not 0 <= args.dropout < 1:
+        parser.error(f"--dropout must lie in [0, 1), got {args.dropout}")
+    if args.dropout and not args.secure_aggregation:
+        parser.error("--dropout applies to --secure-aggregation runs")
+    if args.dropout and args.over_http:
+        parser.error("--dropout is simulated in process; over HTTP devices do not drop")
     # dp-accounting logs a warning for every RDP order it cannot evaluate (and excludes);
     # the bound stays valid, and the run's table says what it spent.
     logging.getLogger("absl").setLevel(logging.ERROR)
@@ -141,12 +157,13 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             data = loaded[key]
             try:
                 config = task_config(
-                    data, mode, epsilon, args.rounds, args.delta, args.model, args.seed
-                )
+                    data, mode, epsilon, args.rounds, args.delta, args.model, args.seed,
+                    args.secure_aggregation,
+                )  # fmt: skip
             except ValueError as error:
                 parser.error(f"{dataset} over {counted(clients, 'client')}, {mode}: {error}")
             if server is None:
-                runs.append(run_task(data, config, epsilon, args.seed))
+                runs.append(run_task(data, config, epsilon, args.seed, args.dropout))
             else:
                 runs.append(
                     run_task_over_http(data, config, epsilon, args.seed, server.url, server.keys)

@@ -74,6 +74,33 @@ def test_non_private_fedavg_learns_digits() -> None:
     assert math.isinf(run.epsilon_spent)
 
 
+def test_secure_aggregation_releases_exactly_the_plain_distributed_sum() -> None:
+    """SecAgg+ unmasks the exact sum of the lattice uploads, and the device's lattice
+    upload draws what the plain upload draws: without dropouts a secure run is the plain
+    distributed run, round for round (same accuracy, same epsilon), bit for bit."""
+    data = load_dataset("digits", 30, "iid", seed=3)
+    plain = task_config(data, "distributed", 8.0, 3, 1e-5, "logistic", seed=3)
+    secure = task_config(data, "distributed", 8.0, 3, 1e-5, "logistic", seed=3, secure=True)
+    assert secure.secure_aggregation is not None and plain.secure_aggregation is None
+    expected, got = run_task(data, plain, 8.0, seed=3), run_task(data, secure, 8.0, seed=3)
+    assert got.accuracy == expected.accuracy and got.epsilon_spent == expected.epsilon_spent
+    assert got.row()["secure_aggregation"] and not expected.row()["secure_aggregation"]
+
+
+@pytest.mark.slow
+def test_secure_aggregation_with_dropouts_charges_the_masked_inputs() -> None:
+    """Every device takes part (q = 1); with 20% of them dropping out of each round, rounds
+    hold fewer noise shares and are charged more: the epsilon spent exceeds the run
+    without dropouts."""
+    data = load_dataset("digits", 30, "iid", seed=4)
+    config = task_config(data, "distributed", 8.0, 3, 1e-5, "logistic", seed=4, secure=True)
+    config = config.model_copy(update={"min_clients": 2, "clients_per_round": 30})
+    full = run_task(data, config, 8.0, seed=4)
+    dropped = run_task(data, config, 8.0, seed=4, dropout=0.2)
+    assert len(dropped.accuracy) == 3 and np.isfinite(dropped.accuracy).all()
+    assert dropped.epsilon_spent > full.epsilon_spent
+
+
 @pytest.mark.slow
 def test_cli_writes_results_rounds_and_plot(tmp_path: Path) -> None:
     """The command's entry point in this process (``test_cli_over_http`` runs it as a
