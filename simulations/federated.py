@@ -303,6 +303,7 @@ def run_task(
             for index in holders
         ]
         evaluation = lambda params: evaluate(model, params, data.test_x, data.test_y)  # noqa: E731
+        record: RoundRecord | None
         if config.secure_aggregation is None:
             contributions = [privatize(u, state.dp, state.clip_norm, rng) for u in updates]
             weights = [len(data.clients[index][0]) for index in holders]
@@ -313,9 +314,9 @@ def run_task(
             )  # fmt: skip
         else:
             record = _secure_round(state, updates, dropout, rng, evaluation)
-            if record is None:
-                run.accuracy.append(run.accuracy[-1] if run.accuracy else math.nan)
-                continue  # too few masked inputs: the service restarts the round
+        if record is None:
+            run.accuracy.append(run.accuracy[-1] if run.accuracy else math.nan)
+            continue  # too few masked inputs or answers: the service restarts the round
         run.accuracy.append(record.evaluation["accuracy"])
     run.epsilon_spent = state.epsilon()
     run.seconds = time.perf_counter() - started
