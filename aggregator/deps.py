@@ -3,7 +3,8 @@
 ``Service``, ``FederatedService`` and ``Keys`` hand a route the application's
 ``Aggregator``, ``Federated`` and ``KeyRing`` (kept on ``app.state`` by ``create_app``).
 ``require_device``, ``require_analyst`` and ``require_admin`` admit a request bearing a
-valid key of that role (an admin key is admitted everywhere), answer 401 without one, 403
+valid key of that role (an admin key is admitted everywhere; ``require_observer`` an
+analyst's or a device's), answer 401 without one, 403
 with a key of another role, and 429 with ``Retry-After`` when the key's rate limit is
 spent. A router whose endpoints all need one role lists it in its ``dependencies``; an
 endpoint that needs the key's identity (to log it) takes ``Device``, ``Analyst`` or
@@ -33,6 +34,7 @@ __all__ = [
     "FederatedService",
     "Keys",
     "MetricName",
+    "Observer",
     "Service",
     "TaskName",
     "authorized",
@@ -42,6 +44,7 @@ __all__ = [
     "require_admin",
     "require_analyst",
     "require_device",
+    "require_observer",
 ]
 
 #: A metric's name in a path.
@@ -73,8 +76,8 @@ FederatedService = Annotated[Federated, Depends(get_federated)]
 Keys = Annotated[KeyRing, Depends(get_keys)]
 
 
-def authorized(role: Role) -> Callable[[Request], Awaitable[Principal]]:
-    """A dependency that admits requests bearing a valid key of ``role`` (or admin)."""
+def authorized(*roles: Role) -> Callable[[Request], Awaitable[Principal]]:
+    """A dependency that admits requests bearing a valid key of one of ``roles`` (or admin)."""
 
     async def dependency(request: Request) -> Principal:
         header = request.headers.get("authorization", "")
@@ -97,12 +100,13 @@ def authorized(role: Role) -> Callable[[Request], Awaitable[Principal]]:
                 "the key is unknown or revoked",
                 headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
             )
-        if not principal.may(role):
+        if not any(principal.may(role) for role in roles):
+            needed = " or ".join(KEY_OF_ROLE[role] for role in roles)
             raise ProblemError(
                 403,
                 "forbidden",
                 "Not allowed",
-                f"this needs {KEY_OF_ROLE[role]}; the key given is {KEY_OF_ROLE[principal.role]}",
+                f"this needs {needed}; the key given is {KEY_OF_ROLE[principal.role]}",
             )
         limiter: RateLimiter = request.app.state.limiter
         wait = limiter.acquire(principal.key_id)
@@ -122,7 +126,10 @@ def authorized(role: Role) -> Callable[[Request], Awaitable[Principal]]:
 require_device = authorized("device")
 require_analyst = authorized("analyst")
 require_admin = authorized("admin")
+require_observer = authorized("analyst", "device")
 
 Device = Annotated[Principal, Depends(require_device)]
 Analyst = Annotated[Principal, Depends(require_analyst)]
 Admin = Annotated[Principal, Depends(require_admin)]
+#: An analyst's or a device's key (what both may read, e.g. a secure round's progress).
+Observer = Annotated[Principal, Depends(require_observer)]

@@ -6,7 +6,8 @@ HTTP; ``PROBLEMS`` says, for each exception type, which problem document
 exception's message as the detail. The ``errors`` list names one field (``Fixed`` with
 ``field``), or is the exception's own list of located problems (``Located``: the
 invalid reports of a batch, the field of a federated request at fault). Unavailable
-storage is a 503 with ``Retry-After`` (``Unavailable``).
+storage is a 503 with ``Retry-After`` (``Unavailable``), and a secure aggregation step
+asked for too early a 425 with ``Retry-After`` (``Early``).
 """
 
 from __future__ import annotations
@@ -19,13 +20,17 @@ from fastapi.responses import JSONResponse
 
 from aggregator.auth import InvalidKeyRequestError, UnknownKeyError
 from aggregator.federated import (
+    AggregationModeError,
+    ConflictingMessageError,
     FederatedError,
+    InvalidMessageError,
     InvalidTaskError,
     InvalidUpdateError,
     NotEnoughUpdatesError,
     StaleRoundError,
     TaskExistsError,
     TaskFinishedError,
+    TooEarlyError,
     UnknownTaskError,
 )
 from aggregator.ingest import BatchRejected, BatchTooLargeError, InvalidBatchError
@@ -86,6 +91,19 @@ class Unavailable:
         return ProblemError(503, self.kind, self.title, str(error), headers=headers)
 
 
+@dataclass(frozen=True)
+class Early:
+    """425 Too Early: a step still collecting; ``Retry-After`` is the error's ``retry_after``."""
+
+    kind: str
+    title: str
+
+    def __call__(self, error: Exception) -> ProblemError:
+        assert isinstance(error, TooEarlyError)
+        headers = {"Retry-After": str(error.retry_after)}
+        return ProblemError(425, self.kind, self.title, str(error), error.problems, headers)
+
+
 #: Every domain exception a route lets through, and the problem document answering it.
 PROBLEMS: dict[type[Exception], Callable[[Exception], ProblemError]] = {
     UnknownMetricError: Fixed(404, "unknown-metric", "Unknown metric"),
@@ -105,6 +123,10 @@ PROBLEMS: dict[type[Exception], Callable[[Exception], ProblemError]] = {
     StaleRoundError: Located(409, "stale-round", "Not the open round"),
     NotEnoughUpdatesError: Located(409, "not-enough-updates", "Not enough updates"),
     InvalidUpdateError: Located(422, "invalid-update", "Invalid update"),
+    AggregationModeError: Located(409, "aggregation-mode", "Other aggregation"),
+    TooEarlyError: Early("too-early", "Step still collecting"),
+    ConflictingMessageError: Located(409, "conflicting-message", "Conflicting message"),
+    InvalidMessageError: Located(422, "invalid-message", "Invalid secure aggregation message"),
 }
 
 

@@ -35,6 +35,14 @@ part in every closed round (``silo_steps`` steps so far): no silo has spent more
 with a noise multiplier and a target epsilon runs until the next round would pass the
 target, and is then ``budget_exhausted``.
 
+Secure aggregation. A ``distributed`` task with ``secure_aggregation`` takes no plain
+uploads (``AggregationModeError``, 409): each round runs in four steps through
+``aggregator/secagg.py`` (``Federated.secagg``), whose last step hands the unmasked sum of
+the round's lattice updates to ``TaskState.close_secure_round``. The task row's deadline
+is then the open step's (``step_timeout_seconds`` after it opened), so that ``tick`` and
+every request advance an overdue step by the relay's rules, never by the plain rounds'.
+A secure task must be able to run a round of at least two devices.
+
 Uploads. An upload names its round and carries the update as base64 of little-endian
 float64. It is refused, with nothing stored, when the task is unknown or finished, the
 round is not the open one (or is full), the vector has the wrong length or a NaN or infinity, or (in
@@ -52,17 +60,37 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import logging
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
 from aggregator import observability as obs
+from aggregator.federated_tasks import (
+    AggregationModeError,
+    ConflictingMessageError,
+    FederatedError,
+    InvalidMessageError,
+    InvalidTaskError,
+    InvalidUpdateError,
+    NotEnoughUpdatesError,
+    StaleRoundError,
+    TaskExistsError,
+    TaskFinishedError,
+    TooEarlyError,
+    UnknownTaskError,
+    dump_state,
+    finished_error,
+    round_capacity,
+    status_after,
+    task_evaluator,
+    task_state,
+)
+from aggregator.repositories.secagg import SecAggRepository
 from aggregator.repositories.tasks import (
     Admission,
     OpenRound,
@@ -72,8 +100,8 @@ from aggregator.repositories.tasks import (
     TaskUpdate,
     UpdateRow,
 )
+from aggregator.secagg import SecAggRelay
 from shared.federated.messages import (
-    EvaluationSet,
     RoundOut,
     RoundRecordOut,
     TaskCreate,
@@ -82,20 +110,23 @@ from shared.federated.messages import (
     UpdateUpload,
     encode_vector,
 )
-from shared.federated.models import evaluate, make_model
 from shared.federated.task import BudgetExhaustedError, TaskConfig, TaskState
 from shared.schemas import NAME_PATTERN
 
 __all__ = [
     "TASK_NAME",
+    "AggregationModeError",
+    "ConflictingMessageError",
     "Federated",
     "FederatedError",
+    "InvalidMessageError",
     "InvalidTaskError",
     "InvalidUpdateError",
     "NotEnoughUpdatesError",
     "StaleRoundError",
     "TaskExistsError",
     "TaskFinishedError",
+    "TooEarlyError",
     "UnknownTaskError",
 ]
 
@@ -105,45 +136,6 @@ logger = logging.getLogger("ldp.aggregator")
 #: checks a new task's name against the same pattern), kept apart from ``METRIC_NAME`` so
 #: that either may change alone.
 TASK_NAME = NAME_PATTERN
-
-
-class FederatedError(Exception):
-    """A refused federated request: why (the message), and the fields at fault (``problems``:
-    ``{"field", "message"}`` items, or None)."""
-
-    def __init__(self, detail: str, problems: list[dict[str, Any]] | None = None) -> None:
-        super().__init__(detail)
-        self.problems = problems
-
-
-class UnknownTaskError(FederatedError):
-    """No federated task has that name."""
-
-
-class InvalidTaskError(FederatedError):
-    """A task that cannot run as asked: its noise cannot be set, or its evaluation set does
-    not fit its model."""
-
-
-class TaskExistsError(FederatedError):
-    """A task of that name exists already."""
-
-
-class TaskFinishedError(FederatedError):
-    """The task has run all of its planned rounds, or stopped at its privacy budget."""
-
-
-class StaleRoundError(FederatedError):
-    """An upload for a round, or an attempt of it, that is not open to uploads."""
-
-
-class NotEnoughUpdatesError(FederatedError):
-    """A round asked to close with fewer than ``min_clients`` uploads."""
-
-
-class InvalidUpdateError(FederatedError):
-    """An upload refused for what it carries: not base64, a wrong length, a NaN or
-    infinity, a norm or an unclipped bit that no honest device sends."""
 
 
 def _finite_or_none(value: float) -> float | None:
@@ -181,6 +173,8 @@ class Federated:
     def __init__(self, repository: TasksRepository, clock: Callable[[], float] = time.time) -> None:
         self.repository = repository
         self.clock = clock
+        #: The secure rounds of tasks with ``secure_aggregation`` (``aggregator/secagg.py``).
+        self.secagg = SecAggRelay(self, SecAggRepository(repository.database))
 
     # --- tasks ---------------------------------------------------------------------------
 
@@ -195,20 +189,21 @@ class Federated:
                 ) from None
         try:  # calibration may find no multiplier, or one the other fields do not fit
             state = TaskState.start(request.config)
-            status = _status_after(state)
+            status = status_after(state)
         except (ValueError, ArithmeticError) as error:
             raise InvalidTaskError(
                 f"cannot set the task's noise: {error}",
                 [{"field": "config", "message": str(error)}],
             ) from None
+        _check_secure(state)
         row = TaskRow(
             request.name,
             status,
             state.round,
             state.attempt,
-            _dump(state),
+            dump_state(state),
             None if request.evaluation is None else request.evaluation.model_dump_json(),
-            self.clock() + request.config.round_timeout_seconds,
+            self.clock() + _timeout(request.config),
         )
         if not self.repository.create_task(row):
             raise TaskExistsError(f"a task named {request.name!r} exists")
@@ -226,8 +221,8 @@ class Federated:
         """The open round of a running task (``TaskFinishedError`` once it is finished)."""
         row = self._task(name)
         if row.status != "running":
-            raise _finished(row)
-        state = _state(row)
+            raise finished_error(row)
+        state = task_state(row)
         return RoundOut(
             task=name,
             round=row.round,
@@ -256,6 +251,12 @@ class Federated:
         ``max_clients`` uploads refuses it (``StaleRoundError``: the round is closing).
         """
         task = self._task(name)  # UnknownTaskError; closes a round past its deadline
+        if task_state(task).config.secure_aggregation is not None:
+            raise AggregationModeError(
+                f"task {name!r} aggregates securely: devices send masked inputs through "
+                f"/v1/federated/tasks/{name}/rounds/{{round}}/secagg/, not plain updates",
+                [{"field": "update", "message": "this task takes no plain updates"}],
+            )
         try:
             raw = base64.b64decode(upload.update, validate=True)
         except (binascii.Error, ValueError):
@@ -263,12 +264,12 @@ class Federated:
         update_id = upload.update_id.bytes
         row = UpdateRow(raw, upload.unclipped, upload.num_examples)
         while True:
-            state = _state(task)
+            state = task_state(task)
             stored = self.repository.find_update(name, update_id)
             if stored is None:
                 _admit(task, state, upload, raw)
                 stored = self.repository.add_update(
-                    name, update_id, row, task, _capacity(state.config)
+                    name, update_id, row, task, round_capacity(state.config)
                 )
             if stored.admission is not Admission.MOVED:
                 break
@@ -294,11 +295,16 @@ class Federated:
         ``min_clients`` uploads."""
         row = self._task(name)
         if row.status != "running":
-            raise _finished(row)
+            raise finished_error(row)
+        if task_state(row).config.secure_aggregation is not None:
+            raise AggregationModeError(
+                f"task {name!r} aggregates securely: its rounds close when their four steps "
+                f"do (GET /v1/federated/tasks/{name}/rounds/{row.round}/secagg)"
+            )
         closed = self._close(name, force=True)
         if closed is not None and closed.round == row.round and closed.status == "running":
             count = self.repository.update_count(name, row.round)
-            minimum = _state(row).config.min_clients
+            minimum = task_state(row).config.min_clients
             raise NotEnoughUpdatesError(
                 f"round {row.round} has {count} updates; it closes with at least {minimum}"
             )
@@ -320,6 +326,8 @@ class Federated:
             opened = self.repository.open_round(name)
             if opened is None:
                 return None
+            if task_state(opened.task).config.secure_aggregation is not None:
+                return self.secagg.advance(name)
             closing = self._closing(opened, force, when_full)
             if closing is None:
                 return opened.task
@@ -340,9 +348,9 @@ class Federated:
         if task.status != "running":
             return None
         now = self.clock()
-        state = _state(task)
+        state = task_state(task)
         config = state.config
-        full = len(uploads) >= _capacity(config)
+        full = len(uploads) >= round_capacity(config)
         due = task.deadline <= now
         if not (force or due or (when_full and full)):
             return None
@@ -354,24 +362,28 @@ class Federated:
         unclipped = np.array([u.unclipped for u in uploads])
         weights = np.array([u.num_examples for u in uploads], dtype=np.float64)
         try:
-            state.close_round(updates, unclipped, weights, None, _evaluator(task, config))
+            state.close_round(updates, unclipped, weights, None, task_evaluator(task, config))
         except BudgetExhaustedError:
             exhausted = TaskUpdate(
                 "budget_exhausted", task.round, task.attempt, task.state, task.deadline
             )
             return _Closing(exhausted, "exhausted")
         except (ArithmeticError, ValueError) as error:  # the state as stored, untouched
-            return _Closing(_restart(task, _state(task), now), "failed", str(error))
+            return _Closing(_restart(task, task_state(task), now), "failed", str(error))
         change = TaskUpdate(
-            _status_after(state),
+            status_after(state),
             state.round,
             state.attempt,
-            _dump(state),
+            dump_state(state),
             now + config.round_timeout_seconds,
         )
         return _Closing(change, "closed")
 
     # --- helpers -------------------------------------------------------------------------
+
+    def current(self, name: str) -> TaskRow:
+        """The task's row, a round (or secure step) past its deadline advanced first."""
+        return self._task(name)
 
     def _task(self, name: str) -> TaskRow:
         row = self.repository.task(name)
@@ -382,7 +394,7 @@ class Federated:
         return row
 
     def _status(self, row: TaskRow, received: int) -> TaskStatus:
-        state = _state(row)
+        state = task_state(row)
         history = [
             RoundRecordOut(
                 round=r.round,
@@ -418,16 +430,11 @@ class Federated:
         )
 
 
-def _capacity(config: TaskConfig) -> int:
-    """The uploads a round takes: ``max_clients``, by default ``ceil(clients_per_round)``."""
-    return config.max_clients or math.ceil(config.clients_per_round)
-
-
 def _admit(task: TaskRow, state: TaskState, upload: UpdateUpload, raw: bytes) -> None:
     """Refuse an upload the task as read does not take: finished, another round or
     attempt, or a vector or unclipped bit out of bounds."""
     if task.status != "running":
-        raise _finished(task)
+        raise finished_error(task)
     if (upload.round, upload.attempt) != (task.round, task.attempt):
         field, expected, detail = (
             ("round", task.round, f"round {task.round} is open")
@@ -448,46 +455,45 @@ def _fills(task: TaskRow, state: TaskState, stored: StoredUpload) -> bool:
     return (
         task.status == "running"
         and stored.round == task.round
-        and stored.count >= _capacity(state.config)
+        and stored.count >= round_capacity(state.config)
     )
+
+
+def _timeout(config: TaskConfig) -> float:
+    """Seconds until the open round's deadline: ``round_timeout_seconds``, or with secure
+    aggregation the first step's ``step_timeout_seconds`` (each step then sets its own)."""
+    spec = config.secure_aggregation
+    return config.round_timeout_seconds if spec is None else spec.step_timeout_seconds
+
+
+def _check_secure(state: TaskState) -> None:
+    """Refuse a secure task whose rounds cannot run: fewer than 2 devices a round (the
+    sum of one device's input is that input), or a ring past 64 bits for a full round."""
+    config = state.config
+    if config.secure_aggregation is None:
+        return
+    capacity, minimum = round_capacity(config), max(config.min_clients, 2)
+    if capacity < minimum:
+        message = (
+            f"a secure round takes at most {capacity} devices (max_clients, or "
+            f"ceil(clients_per_round)) and closes with no fewer than {minimum} "
+            "(min_clients, and never below 2): raise max_clients or clients_per_round"
+        )
+        raise InvalidTaskError(message, [{"field": "config.max_clients", "message": message}])
+    try:
+        state.dp.secure_modulus_bits(state.clip_norm, state.num_params, capacity)
+    except ValueError as error:
+        raise InvalidTaskError(
+            f"cannot plan the secure aggregation ring: {error}",
+            [{"field": "config.secure_aggregation", "message": str(error)}],
+        ) from None
 
 
 def _restart(task: TaskRow, state: TaskState, now: float) -> TaskUpdate:
     """The round drawn again: a new attempt, one more timeout (its uploads are deleted)."""
     state.restart_round()
     deadline = now + state.config.round_timeout_seconds
-    return TaskUpdate(task.status, task.round, state.attempt, _dump(state), deadline)
-
-
-def _state(row: TaskRow) -> TaskState:
-    return TaskState.from_json(json.loads(row.state))
-
-
-def _dump(state: TaskState) -> str:
-    return json.dumps(state.to_json())
-
-
-def _status_after(state: TaskState) -> str:
-    """``running`` while another round may run; else why not."""
-    if state.round >= state.config.rounds:
-        return "completed"
-    try:
-        state.check_round()
-    except BudgetExhaustedError:
-        return "budget_exhausted"
-    return "running"
-
-
-def _evaluator(
-    task: TaskRow, config: TaskConfig
-) -> Callable[[np.ndarray], dict[str, float]] | None:
-    if task.evaluation is None:
-        return None
-    data = EvaluationSet.model_validate_json(task.evaluation)
-    model = make_model(config.model)
-    x = np.asarray(data.x, dtype=np.float64)
-    y = np.asarray(data.y, dtype=np.int64)
-    return lambda params: evaluate(model, params, x, y)
+    return TaskUpdate(task.status, task.round, state.attempt, dump_state(state), deadline)
 
 
 #: Relative float rounding allowed on an upload's norm bound (a norm is a sum of P squares
@@ -544,14 +550,6 @@ def _check_unclipped(state: TaskState, unclipped: float) -> None:
 
 def _unknown(name: str) -> UnknownTaskError:
     return UnknownTaskError(f"no federated task {name!r}")
-
-
-def _finished(row: TaskRow) -> TaskFinishedError:
-    reason = {
-        "completed": "it has run all of its planned rounds",
-        "budget_exhausted": "another round would exceed its privacy budget",
-    }.get(row.status, row.status)
-    return TaskFinishedError(f"task {row.name!r}: {reason}")
 
 
 def _bad_update(field: str, message: str) -> InvalidUpdateError:

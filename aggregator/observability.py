@@ -2,7 +2,8 @@
 
 Metrics (``GET /metrics``): reports accepted, duplicates, rejected by reason, ingest
 latency per batch, estimate latency, requests by route and status, bodies refused for
-lack of room and the bytes of bodies in progress, connections closed because a request
+lack of room and the bytes of bodies in progress, secure aggregation's messages (by step and
+outcome), closed steps and ended rounds, connections closed because a request
 arrived too slowly (``part``: headers or body), and full reloads of
 the metric catalog (``ldp_catalog_reloads_total``: one per change of the definitions).
 With several worker processes, ``PROMETHEUS_MULTIPROC_DIR`` (set by ``ldp-aggregator
@@ -73,6 +74,22 @@ FEDERATED_RESTARTS = Counter(
 FEDERATED_FAILED_ROUNDS = Counter(
     "ldp_federated_failed_rounds",
     "Federated rounds restarted because aggregating them failed (non-finite values).",
+)
+
+SECAGG_MESSAGES = Counter(
+    "ldp_secagg_messages",
+    "Secure aggregation messages by step (keys, shares, masked, unmask) and outcome "
+    "(added, duplicate, rejected).",
+    ["step", "outcome"],
+)
+SECAGG_STEPS = Counter(
+    "ldp_secagg_steps", "Secure aggregation steps closed (keys, shares, masked).", ["step"]
+)
+SECAGG_ROUNDS = Counter(
+    "ldp_secagg_rounds",
+    "Secure rounds ended, by outcome (closed, restarted, failed, exhausted) and the step "
+    "they ended at.",
+    ["outcome", "step"],
 )
 
 

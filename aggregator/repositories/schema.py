@@ -16,7 +16,15 @@
   can be committed by compare-and-swap on them);
 * ``federated_updates``: every upload of each task, keyed by (task, ``update_id``) so a
   retry is a duplicate even after its round closed; the vectors of a closed round are
-  erased, their ids kept.
+  erased, their ids kept;
+* the secure aggregation of a round attempt (``aggregator/repositories/secagg.py``), all
+  keyed by (task, round, attempt) and deleted when the round closes or restarts:
+  ``secagg_participants`` (one row per device that advertised keys: its index, the
+  SHA-256 of its session, its two public keys, and the SHA-256 of what it sent at each
+  later step, so that a retry is known as one), ``secagg_shares`` (the encrypted shares,
+  by recipient and sender), ``secagg_masked`` (the masked inputs), ``secagg_reveals``
+  (the revealed shares, by holder, owner and kind) and ``secagg_steps`` (each closed
+  step: the members it froze, and for the first the round's public parameters).
 
 ``UPGRADES[v]`` takes a database from version ``v`` to ``v + 1`` inside the transaction
 that starts the aggregator.
@@ -26,6 +34,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -47,6 +56,7 @@ from sqlalchemy.engine import Connection
 __all__ = [
     "METRICS_CHANGE",
     "SCHEMA_VERSION",
+    "SECAGG_TABLES",
     "UPGRADES",
     "api_keys",
     "federated_tasks",
@@ -56,9 +66,14 @@ __all__ = [
     "partial_stats",
     "report_ids",
     "schema_info",
+    "secagg_masked",
+    "secagg_participants",
+    "secagg_reveals",
+    "secagg_shares",
+    "secagg_steps",
 ]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: The ``schema_info`` row whose value changes (to a new random token) with every change
 #: to ``metric_versions`` (``MetricsRepository.metrics_stamp``).
 METRICS_CHANGE = "metrics_change"
@@ -139,6 +154,70 @@ federated_updates = Table(
 )
 
 
+def _attempt_columns() -> list[Column[Any]]:
+    """The columns naming one round attempt of a task, first in every secure aggregation key."""
+    return [
+        Column("task", String(64), primary_key=True),
+        Column("round", Integer, primary_key=True),
+        Column("attempt", Integer, primary_key=True),
+    ]
+
+
+secagg_participants = Table(
+    "secagg_participants",
+    metadata,
+    *_attempt_columns(),
+    Column("participant", Integer, primary_key=True),
+    Column("session_hash", LargeBinary(32), nullable=False),
+    Column("encryption_key", LargeBinary(32), nullable=False),
+    Column("masking_key", LargeBinary(32), nullable=False),
+    Column("shares_digest", LargeBinary(32), nullable=True),
+    Column("masked_digest", LargeBinary(32), nullable=True),
+    Column("unmask_digest", LargeBinary(32), nullable=True),
+    Index("secagg_participants_session", "task", "round", "attempt", "session_hash", unique=True),
+)
+
+secagg_shares = Table(
+    "secagg_shares",
+    metadata,
+    *_attempt_columns(),
+    Column("recipient", Integer, primary_key=True),
+    Column("sender", Integer, primary_key=True),
+    Column("ciphertext", LargeBinary, nullable=False),
+)
+
+secagg_masked = Table(
+    "secagg_masked",
+    metadata,
+    *_attempt_columns(),
+    Column("participant", Integer, primary_key=True),
+    Column("vector", LargeBinary, nullable=False),
+)
+
+secagg_reveals = Table(
+    "secagg_reveals",
+    metadata,
+    *_attempt_columns(),
+    Column("holder", Integer, primary_key=True),
+    Column("owner", Integer, primary_key=True),
+    Column("kind", String(8), primary_key=True),
+    Column("share", LargeBinary, nullable=False),
+)
+
+secagg_steps = Table(
+    "secagg_steps",
+    metadata,
+    *_attempt_columns(),
+    Column("step", String(8), primary_key=True),
+    Column("members", Text, nullable=False),
+    Column("parameters", Text, nullable=True),
+    Column("closed_at", Float, nullable=False),
+)
+
+#: The tables of secure aggregation, which schema version 4 added.
+SECAGG_TABLES = (secagg_participants, secagg_shares, secagg_masked, secagg_reveals, secagg_steps)
+
+
 def _add_task_attempts(conn: Connection) -> None:
     """Version 1 to 2: the ``attempt`` column of ``federated_tasks``, from each task's state."""
     conn.exec_driver_sql(
@@ -170,5 +249,15 @@ def _add_cells(conn: Connection) -> None:
     )
 
 
+def _add_secure_aggregation(conn: Connection) -> None:
+    """Version 3 to 4: the secure aggregation tables (new tables only; ``create_all`` at
+    start has made them already, and making them here again is a no-op)."""
+    metadata.create_all(conn, tables=list(SECAGG_TABLES), checkfirst=True)
+
+
 #: ``UPGRADES[v]`` brings a database of schema version ``v`` to ``v + 1``.
-UPGRADES: dict[int, Callable[[Connection], None]] = {1: _add_task_attempts, 2: _add_cells}
+UPGRADES: dict[int, Callable[[Connection], None]] = {
+    1: _add_task_attempts,
+    2: _add_cells,
+    3: _add_secure_aggregation,
+}

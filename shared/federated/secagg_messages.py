@@ -7,12 +7,14 @@ A ``distributed`` task with ``secure_aggregation`` runs each round in four steps
 names it in the round (the aggregator stores only its SHA-256) and which no other device
 knows. Byte strings travel as standard base64.
 
-| step | device sends | device then fetches |
+| step | device sends (``POST``) | device then fetches (``GET``) |
 |---|---|---|
-| 1. keys | ``POST .../keys`` :class:`KeysUpload` -> :class:`KeysAccepted` | ``GET .../keys`` :class:`RosterOut` |
-| 2. shares | ``POST .../shares`` :class:`SharesUpload` | ``GET .../shares`` :class:`SharesInbox` |
-| 3. masked input | ``POST .../masked`` :class:`MaskedUpload` | ``GET .../unmask`` :class:`UnmaskRequestOut` |
-| 4. unmasking | ``POST .../unmask`` :class:`UnmaskUpload` | (the round closes) |
+| 1. keys | ``.../keys`` :class:`KeysUpload` | ``.../keys`` :class:`RosterOut` |
+| 2. shares | ``.../shares`` :class:`SharesUpload` | ``.../shares`` :class:`SharesInbox` |
+| 3. masked | ``.../masked`` :class:`MaskedUpload` | ``.../unmask`` :class:`UnmaskRequestOut` |
+| 4. unmasking | ``.../unmask`` :class:`UnmaskUpload` | (the round closes) |
+
+``POST .../keys`` answers :class:`KeysAccepted`, the other steps' ``POST`` :class:`StepAccepted`.
 
 A ``GET`` of a step that is still collecting answers ``425 Too Early`` with
 ``Retry-After``; a step closed without the device, or a round restarted meanwhile, answers
@@ -24,7 +26,6 @@ other content is refused (``409``).
 from __future__ import annotations
 
 from typing import Literal
-from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -103,7 +104,9 @@ class EncryptedShareIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     recipient: int = Field(ge=0)
-    ciphertext: str = Field(min_length=1, max_length=4096, description="base64 of AES-GCM")
+    ciphertext: str = Field(
+        min_length=1, max_length=512, description="base64 of the nonce and AES-GCM output"
+    )
 
 
 class SharesUpload(BaseModel):

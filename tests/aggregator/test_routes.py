@@ -138,6 +138,10 @@ REFUSALS: list[tuple[type[Exception], int, str, str]] = [
     (fl.StaleRoundError, 409, "stale-round", "Not the open round"),
     (fl.NotEnoughUpdatesError, 409, "not-enough-updates", "Not enough updates"),
     (fl.InvalidUpdateError, 422, "invalid-update", "Invalid update"),
+    (fl.AggregationModeError, 409, "aggregation-mode", "Other aggregation"),
+    (fl.TooEarlyError, 425, "too-early", "Step still collecting"),
+    (fl.ConflictingMessageError, 409, "conflicting-message", "Conflicting message"),
+    (fl.InvalidMessageError, 422, "invalid-message", "Invalid secure aggregation message"),
 ]
 
 
