@@ -22,6 +22,18 @@ the aggregator (``/v1/federated/...``). Each round it:
    status and the ``detail`` of the server's problem document (RFC 9457); an upload still
    failing after ``max_attempts`` is logged at WARNING with its last reason.
 
+A ``distributed`` task with ``secure_aggregation`` replaces steps 4 and 5: the device
+puts its clipped update on the integer lattice with its share of the noise
+(``shared.federated.privacy.privatize_on_lattice``: integers, the adaptive-clipping
+bit as a last coordinate) and takes part in the round's SecAgg+ through the relay
+(:class:`client.secagg.SecAggSession`: keys, encrypted shares, masked input, unmasking).
+The server receives only masked vectors and learns their sum; ``RoundResult.uploaded``
+says whether the device's masked input was accepted. A device that drops out at any step
+is tolerated; one that sees a request it must not answer (a roster or parameters that do
+not match its own computation, an unmask request that would reveal both shares of a
+neighbour or leave fewer inputs than ``min_clients``) refuses, logs why, and reveals
+nothing more.
+
 The model is the built-in one the task names, or any object with the
 :class:`shared.federated.models.Model` interface (a flat parameter vector, a loss and its
 gradient, a prediction) of the same size.
@@ -60,19 +72,27 @@ says what it computed and its cap) when that exceeds the cap. By mode:
     ledger before each upload (:class:`DeviceBudgetExhaustedError`).
 ``central`` and ``distributed``
     the device's clipped update leaves with no noise (central) or a share too small to
-    protect it alone (distributed, whose guarantee needs secure aggregation, which this
-    project does not provide); the guarantee rests on noise the server (or the peers)
-    add, and on the server releasing nothing but the noisy aggregate, and on it counting
-    its rounds honestly. None of that can be checked from the device: against the server
-    itself the device's epsilon is unbounded. A user who sets a cap expects it to hold
-    whoever runs the server, so a device with a cap refuses these modes unless
-    ``trust_server_noise=True`` (a loud opt-in, as for any idealized guarantee); with
-    it, the device checks what it can, the plan: ``T`` rounds of the Poisson-subsampled
-    Gaussian at the served ``q`` (the rate the device's own sampling uses) and the served
-    multiplier (in the distributed mode the one of the fewest shares a round may close
-    with, ``z sqrt(min_clients / (q W))``), each round at that round's parameters. Rounds
-    whose parameters differ, and restarted rounds (discarded unread by an honest
-    server), are composed by the server's accountant, which the device then trusts.
+    protect it alone (distributed); the guarantee rests on noise the server (or the
+    peers) add, and on the server releasing nothing but the noisy aggregate, and on it
+    counting its rounds honestly. Without secure aggregation the server sees each
+    distributed upload with only its own small noise. With it (``secure_aggregation``)
+    the server sees only the sum of the round's masked inputs, as long as it follows
+    the protocol (it may be curious, and collude with a small share of the devices: the
+    SecAgg+ bound of :mod:`shared.federated.secagg`); the device still trusts that the
+    other devices add their noise shares (the sum's noise is theirs as much as its
+    own), and that the server counts the shares honestly: that a round's inputs come
+    from as many real devices as it says (sybils of the server add no noise), and that
+    it charges and releases rounds as planned. None of that can be checked from the
+    device: against the server itself the device's epsilon is unbounded. A user who
+    sets a cap expects it to hold whoever runs the server, so a device with a cap
+    refuses these modes unless ``trust_server_noise=True`` (a loud opt-in, as for any
+    idealized guarantee); with it, the device checks what it can, the plan: ``T``
+    rounds of the Poisson-subsampled Gaussian at the served ``q`` (the rate the device's
+    own sampling uses) and the served multiplier (in the distributed mode the one of the
+    fewest shares a round may close with, ``z sqrt(min_clients / (q W))``), each round at
+    that round's parameters. Rounds whose parameters differ, and restarted rounds
+    (discarded unread by an honest server), are composed by the server's accountant,
+    which the device then trusts.
 
 ``max_epsilon`` requires ``state_dir``: the ledger that enforces the cap must survive the
 app's restarts, or a restarted app would spend the cap again. Without ``max_epsilon`` the
@@ -99,12 +119,14 @@ import numpy as np
 from pydantic import ConfigDict, PrivateAttr
 
 from client.federated_ledger import FederatedLedger, device_epsilon
+from client.secagg import SecAggSession
 from client.transport import RETRYABLE_STATUS, RetryPolicy, problem_detail, retry_after_seconds
 from shared.caps import within_cap
 from shared.federated.messages import RoundOut, UpdateUpload, decode_vector, encode_vector
 from shared.federated.models import Model, make_model
-from shared.federated.privacy import DPConfig, privatize
-from shared.federated.task import local_update
+from shared.federated.privacy import DPConfig, privatize, privatize_on_lattice
+from shared.federated.secagg import RoundContext
+from shared.federated.task import SecureAggregationSpec, local_update
 from shared.randomness import RandomSource
 
 __all__ = [
@@ -292,7 +314,9 @@ class FederatedClient:
         In the local and silo modes the upload is charged to the device's ledger before it
         is trained, noised and sent; DeviceBudgetExhaustedError (nothing sent) when it
         would take the device past its cap (``max_epsilon``; in the silo mode also the
-        task's ``target_epsilon``).
+        task's ``target_epsilon``). With secure aggregation the device takes the round's
+        four steps (:mod:`client.secagg`) and returns when it has answered the unmask
+        request or left the attempt (``uploaded``: its masked input was accepted).
         """
         info = round_info or self.fetch_round()
         self._check_task(info)
@@ -311,6 +335,13 @@ class FederatedClient:
             info.config, model, info.vector, self._x, self._y, info.noise_multiplier,
             info.clip_norm, self.rng,
         )  # fmt: skip
+        spec = info.config.secure_aggregation
+        if spec is not None:  # masked, summed: the server learns the sum alone
+            values = privatize_on_lattice(update, dp, info.clip_norm, self.rng)
+            included = self._secure_session(info, spec).run(values).included
+            return RoundResult(
+                info.round, participated=True, uploaded=included, attempt=info.attempt
+            )
         contribution = privatize(update, dp, info.clip_norm, self.rng)
         body = UpdateUpload(
             update_id=uuid.uuid4(),
@@ -491,6 +522,31 @@ class FederatedClient:
         )  # fmt: skip
         return False
 
+    def _secure_session(self, info: RoundInfo, spec: SecureAggregationSpec) -> SecAggSession:
+        """This device's part in the secure aggregation (``spec``) of ``info``'s round
+        attempt: fresh keys and session id, and the device's own checks of the roster
+        (its ring holds the sum of the roster's inputs by
+        :meth:`DPConfig.secure_modulus_bits`; a round closes with no fewer than
+        ``min_clients`` inputs, and takes no more than ``max_clients`` devices, by default
+        ``ceil(clients_per_round)``)."""
+        dp, num_params = info.dp(), info.num_params
+        return SecAggSession(
+            self._http,
+            self._base,
+            self._headers,
+            RoundContext(self.task, info.round, info.attempt),
+            spec,
+            min_inputs=info.config.min_clients,
+            max_devices=info.config.max_clients or math.ceil(info.config.clients_per_round),
+            modulus_bits=lambda devices: dp.secure_modulus_bits(
+                info.clip_norm, num_params, devices
+            ),
+            error=FederatedError.from_response,
+            retry=self.retry,
+            max_attempts=self.max_attempts,
+            jitter=self._jitter,
+        )
+
     def _request(self, method: str, path: str, **options: Any) -> httpx.Response:
         return self._http.request(method, self._base + path, headers=self._headers, **options)
 
@@ -516,6 +572,8 @@ def _describe(result: RoundResult, info: RoundInfo) -> str:
     if not result.participated:
         return f"{where}: skipped (not sampled; probability {info.sample_rate:g} to take part)"
     if result.uploaded:
+        if info.config.secure_aggregation is not None:
+            return f"{where}: joined, masked update accepted for the secure sum"
         return f"{where}: joined, update uploaded"
     return (
         f"{where}: joined, but the update was not accepted (the round closed first, or "
