@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -387,10 +388,17 @@ def run_task_over_http(
         ]
         for round_number in range(config.rounds):
             info = devices[0].fetch_round()
-            uploaded = sum(device.run_round(info).uploaded for device in devices)
+            if config.secure_aggregation is not None:
+                # The four steps interleave across devices: they run side by side, and the
+                # relay closes the round itself once the last unmask answer is in.
+                with ThreadPoolExecutor(max_workers=len(devices)) as pool:
+                    rounds = pool.map(FederatedClient.run_round, devices, [info] * len(devices))
+                    uploaded = sum(result.uploaded for result in rounds)
+            else:
+                uploaded = sum(device.run_round(info).uploaded for device in devices)
             status = http.get(f"/v1/federated/tasks/{name}", headers=analyst).json()
-            if status["round"] > info.round:
-                pass  # the round filled up (max_clients uploads) and the service closed it
+            if status["round"] > info.round or config.secure_aggregation is not None:
+                pass  # the round filled up, or its secure steps ended: the service closed it
             elif uploaded >= config.min_clients:
                 closed = http.post(f"/v1/federated/tasks/{name}/close", headers=admin)
                 if closed.status_code != 200:
