@@ -45,6 +45,12 @@ that the unmasked total exposes, as long as the devices in the sum form one conn
 piece of the graph (else the sum of each piece would show). :func:`plan_parameters` picks
 ``k`` so that this holds but with probability ``2^-SECURITY_BITS``; the server is assumed
 not to collude with devices (devices it controls would hold shares of their neighbours).
+This is the honest-but-curious guarantee. A server that tells the holders of ``u``'s
+shares that ``u`` survived, and the holders of each neighbour's shares that the neighbour
+dropped, rebuilds ``b_u`` and every ``s_uv``, hence ``x_u``, without any holder revealing
+both shares of one device: SecAgg's consistency round (devices sign the set of survivors)
+stops that, and needs signing keys the server cannot forge, which are not part of this
+protocol.
 """
 
 from __future__ import annotations
