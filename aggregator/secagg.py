@@ -218,9 +218,7 @@ class SecAggRelay:
 
     def roster(self, name: str, round_number: int, session: UUID) -> RosterOut:
         """The frozen roster and parameters (425 until the keys step closed)."""
-        task, _, _ = self._open(name, round_number)
-        self._member(task, session)
-        progress = self._progress(task)
+        task, _, progress = self._session_at(name, round_number, session)
         self._after(progress, "keys")
         roster = self._roster(task, progress)
         parameters = roster.parameters
@@ -249,9 +247,7 @@ class SecAggRelay:
         self, name: str, round_number: int, session: UUID, upload: SharesUpload
     ) -> StepAccepted:
         """Store a device's encrypted shares: one for each of its neighbours, no other."""
-        task, _, _ = self._open(name, round_number)
-        me = self._member(task, session)
-        progress = self._progress(task)
+        task, me, progress = self._session_at(name, round_number, session)
         self._after(progress, "keys")
         expected = set(self._roster(task, progress).neighbours(me.index))
         shares: list[tuple[int, bytes]] = []
@@ -279,9 +275,7 @@ class SecAggRelay:
 
     def inbox(self, name: str, round_number: int, session: UUID) -> SharesInbox:
         """The shares addressed to the device from the devices that completed step 2."""
-        task, _, _ = self._open(name, round_number)
-        me = self._member(task, session)
-        progress = self._progress(task)
+        task, me, progress = self._session_at(name, round_number, session)
         shared = self._frozen(progress, "shares", me)
         received = self.repository.inbox(name, task.round, task.attempt, me.index)
         return SharesInbox(
@@ -299,9 +293,7 @@ class SecAggRelay:
         self, name: str, round_number: int, session: UUID, upload: MaskedUpload
     ) -> StepAccepted:
         """Store a device's masked input: exactly ``L`` ring elements below ``2^b``."""
-        task, _, _ = self._open(name, round_number)
-        me = self._member(task, session)
-        progress = self._progress(task)
+        task, me, progress = self._session_at(name, round_number, session)
         self._frozen(progress, "shares", me)
         parameters = self._roster(task, progress).parameters
         size = parameters.vector_length * parameters.dtype.itemsize
@@ -325,9 +317,7 @@ class SecAggRelay:
 
     def unmask_request(self, name: str, round_number: int, session: UUID) -> UnmaskRequestOut:
         """Which of the device's neighbours' shares to reveal (425 until step 3 closed)."""
-        task, _, _ = self._open(name, round_number)
-        me = self._member(task, session)
-        progress = self._progress(task)
+        task, me, progress = self._session_at(name, round_number, session)
         masked = self._frozen(progress, "masked", me)
         survivors, dropped = self._request(task, progress, me)
         return UnmaskRequestOut(survivors=survivors, dropped=dropped, masked_inputs=len(masked))
@@ -339,9 +329,7 @@ class SecAggRelay:
         self, name: str, round_number: int, session: UUID, upload: UnmaskUpload
     ) -> StepAccepted:
         """Store a device's revealed shares, each of a neighbour the request named."""
-        task, _, _ = self._open(name, round_number)
-        me = self._member(task, session)
-        progress = self._progress(task)
+        task, me, progress = self._session_at(name, round_number, session)
         self._frozen(progress, "masked", me)
         survivors, dropped = self._request(task, progress, me)
         reveals = [
@@ -540,6 +528,13 @@ class SecAggRelay:
                 [{"field": "round", "message": f"expected {task.round}"}],
             )
         return task, state, spec
+
+    def _session_at(
+        self, name: str, round_number: int, session: UUID
+    ) -> tuple[TaskRow, Participant, Progress]:
+        """The open secure round, the device of ``session`` in it, and the steps' progress."""
+        task, _, _ = self._open(name, round_number)
+        return task, self._member(task, session), self._progress(task)
 
     def _member(self, task: TaskRow, session: UUID) -> Participant:
         """The device of ``session`` in the open attempt (409 if none)."""
