@@ -466,13 +466,26 @@ def _timeout(config: TaskConfig) -> float:
     return config.round_timeout_seconds if spec is None else spec.step_timeout_seconds
 
 
+#: Most devices a secure round may hold: every device fetches the whole roster (about
+#: 110 bytes of keys per device) and a full round's relay work grows with it.
+MAX_SECURE_DEVICES = 10_000
+
+
 def _check_secure(state: TaskState) -> None:
     """Refuse a secure task whose rounds cannot run: fewer than 2 devices a round (the
-    sum of one device's input is that input), or a ring past 64 bits for a full round."""
+    sum of one device's input is that input), more than ``MAX_SECURE_DEVICES``, or a ring
+    past 64 bits for a full round."""
     config = state.config
     if config.secure_aggregation is None:
         return
     capacity, minimum = round_capacity(config), max(config.min_clients, 2)
+    if capacity > MAX_SECURE_DEVICES:
+        message = (
+            f"a secure round would take up to {capacity} devices (max_clients, or "
+            f"ceil(clients_per_round)); at most {MAX_SECURE_DEVICES} may share one round: "
+            "set max_clients"
+        )
+        raise InvalidTaskError(message, [{"field": "config.max_clients", "message": message}])
     if capacity < minimum:
         message = (
             f"a secure round takes at most {capacity} devices (max_clients, or "

@@ -498,6 +498,16 @@ def test_secure_tasks_that_cannot_run_are_refused_and_plain_tasks_have_no_steps(
 ) -> None:
     refused = sqlite_api.create(devices=1, expect=422)  # a sum of one input is that input
     assert refused.json()["errors"][0]["field"] == "config.max_clients"
+    large = {
+        "model": MODEL, "mode": "distributed", "rounds": 2, "population": 10**6,
+        "clients_per_round": 10_001, "noise_multiplier": 1.0, "secure_aggregation": {},
+    }  # fmt: skip
+    too_many = sqlite_api.client.post(  # a roster past the bound: 10,001 devices' keys
+        "/v1/federated/tasks", json={"name": "large", "config": large}, headers=auth("admin")
+    )
+    assert too_many.status_code == 422, too_many.text
+    assert too_many.json()["errors"][0]["field"] == "config.max_clients"
+    assert "at most 10000 may share one round" in too_many.json()["detail"]
     config = {
         "model": MODEL, "mode": "distributed", "rounds": 2, "population": 100,
         "clients_per_round": 5, "target_epsilon": 8.0, "accounting": "rdp",
