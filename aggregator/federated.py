@@ -110,6 +110,7 @@ from shared.federated.messages import (
     UpdateUpload,
     encode_vector,
 )
+from shared.federated.secagg import MAX_DEVICES
 from shared.federated.task import BudgetExhaustedError, TaskConfig, TaskState
 from shared.schemas import NAME_PATTERN
 
@@ -466,9 +467,8 @@ def _timeout(config: TaskConfig) -> float:
     return config.round_timeout_seconds if spec is None else spec.step_timeout_seconds
 
 
-#: Most devices a secure round may hold: every device fetches the whole roster (about
-#: 110 bytes of keys per device) and a full round's relay work grows with it.
-MAX_SECURE_DEVICES = 10_000
+#: Most devices a secure round may hold (every device fetches the whole roster).
+MAX_SECURE_DEVICES = MAX_DEVICES
 
 
 def _check_secure(state: TaskState) -> None:

@@ -125,7 +125,7 @@ from shared.caps import within_cap
 from shared.federated.messages import RoundOut, UpdateUpload, decode_vector, encode_vector
 from shared.federated.models import Model, make_model
 from shared.federated.privacy import DPConfig, privatize, privatize_on_lattice
-from shared.federated.secagg import RoundContext
+from shared.federated.secagg import MAX_DEVICES, RoundContext
 from shared.federated.task import SecureAggregationSpec, local_update
 from shared.randomness import RandomSource
 
@@ -537,7 +537,9 @@ class FederatedClient:
             RoundContext(self.task, info.round, info.attempt),
             spec,
             min_inputs=info.config.min_clients,
-            max_devices=info.config.max_clients or math.ceil(info.config.clients_per_round),
+            max_devices=min(
+                MAX_DEVICES, info.config.max_clients or math.ceil(info.config.clients_per_round)
+            ),
             modulus_bits=lambda devices: dp.secure_modulus_bits(
                 info.clip_norm, num_params, devices
             ),

@@ -76,6 +76,7 @@ from shared.federated.task import SecureAggregationSpec
 
 __all__ = [
     "FAILURE_BITS",
+    "MAX_DEVICES",
     "SECURITY_BITS",
     "Dropouts",
     "NotEnoughSharesError",
@@ -105,6 +106,11 @@ FAILURE_BITS = 20
 #: The devices in a planned round's sum stay connected in the graph but with probability
 #: ``2^-SECURITY_BITS`` (statistical security of SecAgg+'s sparse graph).
 SECURITY_BITS = 40
+
+#: Most devices one round may hold: the service refuses larger secure tasks, and a device
+#: refuses a larger roster (every device fetches the whole roster, and the shares' wire
+#: model holds at most 10,000 neighbours).
+MAX_DEVICES = 10_000
 
 #: Bytes of a raw X25519 key and of a self-mask seed.
 KEY_BYTES = 32
