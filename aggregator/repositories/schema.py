@@ -24,7 +24,12 @@
   later step, so that a retry is known as one), ``secagg_shares`` (the encrypted shares,
   by recipient and sender), ``secagg_masked`` (the masked inputs), ``secagg_reveals``
   (the revealed shares, by holder, owner and kind) and ``secagg_steps`` (each closed
-  step: the members it froze, and for the first the round's public parameters).
+  step: the members it froze, and for the first the round's public parameters);
+* report integrity (``shared.integrity``): ``report_profiles`` (append-only profiles of
+  the reports, one row per (metric, version, bucket, cell) per batch of a profiled
+  mechanism, compacted like ``partial_stats``), ``refused_reports`` (how many reports a
+  mechanism's refusal rule refused, per metric version, bucket and rule) and
+  ``key_usage`` (each device key's reports per metric and hour, for its quota).
 
 ``UPGRADES[v]`` takes a database from version ``v`` to ``v + 1`` inside the transaction
 that starts the aggregator.
@@ -54,6 +59,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection
 
 __all__ = [
+    "INTEGRITY_TABLES",
     "METRICS_CHANGE",
     "SCHEMA_VERSION",
     "SECAGG_TABLES",
@@ -61,10 +67,13 @@ __all__ = [
     "api_keys",
     "federated_tasks",
     "federated_updates",
+    "key_usage",
     "metadata",
     "metric_versions",
     "partial_stats",
+    "refused_reports",
     "report_ids",
+    "report_profiles",
     "schema_info",
     "secagg_masked",
     "secagg_participants",
@@ -73,7 +82,7 @@ __all__ = [
     "secagg_steps",
 ]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 #: The ``schema_info`` row whose value changes (to a new random token) with every change
 #: to ``metric_versions`` (``MetricsRepository.metrics_stamp``).
 METRICS_CHANGE = "metrics_change"
@@ -217,6 +226,43 @@ secagg_steps = Table(
 #: The tables of secure aggregation, which schema version 4 added.
 SECAGG_TABLES = (secagg_participants, secagg_shares, secagg_masked, secagg_reveals, secagg_steps)
 
+report_profiles = Table(
+    "report_profiles",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
+    Column("metric", String(64), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("bucket", BigInteger, nullable=False),
+    Column("cell", Integer, nullable=False),
+    Column("n", BigInteger, nullable=False),
+    Column("stats", LargeBinary, nullable=False),
+    Index("report_profiles_group", "metric", "version", "bucket", "cell"),
+)
+
+refused_reports = Table(
+    "refused_reports",
+    metadata,
+    Column("metric", String(64), primary_key=True),
+    Column("version", Integer, primary_key=True),
+    Column("bucket", BigInteger, primary_key=True),
+    Column("rule", String(64), primary_key=True),
+    Column("reports", BigInteger, nullable=False),
+)
+
+key_usage = Table(
+    "key_usage",
+    metadata,
+    Column("key_id", String(64), primary_key=True),
+    Column("metric", String(64), primary_key=True),
+    Column("hour", BigInteger, primary_key=True),
+    Column("reports", BigInteger, nullable=False),
+)
+
+#: The tables of report integrity, which schema version 5 added: the profiles of the
+#: reports (``shared.integrity``), the reports refused by a mechanism's rules, and each
+#: device key's reports per metric and hour (its quota).
+INTEGRITY_TABLES = (report_profiles, refused_reports, key_usage)
+
 
 def _add_task_attempts(conn: Connection) -> None:
     """Version 1 to 2: the ``attempt`` column of ``federated_tasks``, from each task's state."""
@@ -255,9 +301,15 @@ def _add_secure_aggregation(conn: Connection) -> None:
     metadata.create_all(conn, tables=list(SECAGG_TABLES), checkfirst=True)
 
 
+def _add_integrity(conn: Connection) -> None:
+    """Version 4 to 5: the report integrity tables (new tables only)."""
+    metadata.create_all(conn, tables=list(INTEGRITY_TABLES), checkfirst=True)
+
+
 #: ``UPGRADES[v]`` brings a database of schema version ``v`` to ``v + 1``.
 UPGRADES: dict[int, Callable[[Connection], None]] = {
     1: _add_task_attempts,
     2: _add_cells,
     3: _add_secure_aggregation,
+    4: _add_integrity,
 }

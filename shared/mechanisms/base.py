@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 import numpy as np
 
 from shared.mechanisms.abilities import FRESH, DeviceContext
+from shared.integrity import RefusalRule, ReportRefusedError
 from shared.mechanisms.spec import MechanismSpec
 from shared.randomness import Rng
 from shared.statistics import CountStatistics, MomentStatistics
@@ -105,6 +106,31 @@ class Mechanism(ABC, Generic[StatsT]):
     @abstractmethod
     def check_reports(self, reports: np.ndarray) -> np.ndarray:
         """Return ``reports`` as this mechanism's array form, or raise ValueError saying why not."""
+
+    def refusal_rules(self) -> tuple[RefusalRule, ...]:
+        """The sets of reports no honest device sends but with probability at most 2^-40,
+        whatever its input (``shared.integrity``); none unless the mechanism states some."""
+        return ()
+
+    def refusals(self, reports: np.ndarray) -> np.ndarray:
+        """Per report (already checked by ``check_reports``), the index in ``refusal_rules()``
+        of the first rule it breaks, or -1 (int8)."""
+        return np.full(len(reports), -1, dtype=np.int8)
+
+    def first_refusal(self, reports: np.ndarray) -> ReportRefusedError | None:
+        """The error naming the first report that breaks a rule, and the rule, or None."""
+        codes = self.refusals(reports)
+        broken = np.flatnonzero(codes >= 0)
+        if not broken.size:
+            return None
+        index = int(broken[0])
+        return ReportRefusedError(
+            self.refusal_rules()[int(codes[index])], index, self.refusal_detail(reports[index])
+        )
+
+    def refusal_detail(self, report: np.ndarray) -> str:
+        """What one refused report does, in a few words with its numbers (for the 422)."""
+        return f"report {report!r}"
 
     @abstractmethod
     def empty_statistics(self) -> StatsT:
