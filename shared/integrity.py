@@ -42,6 +42,8 @@ REFUSAL_BITS = 40
 FALSE_REFUSAL_BOUND = 2.0**-REFUSAL_BITS
 #: Reports a window needs before its profile is tested (fewer: no ``FitTest``).
 MIN_FIT_REPORTS = 50
+#: A window whose fit p-value is below this is flagged: the estimate may be attacked.
+ALERT_P_VALUE = 1e-3
 #: Bins of a chi-square test are pooled until each expects at least this many reports.
 MIN_EXPECTED_PER_BIN = 5.0
 
