@@ -24,13 +24,17 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from aggregator.repositories.reports import UNIT_RADIX, PartialRow
+from aggregator.repositories.reports import PROFILE, UNIT_RADIX, PartialRow
 from shared.dimensions import NO_DIMENSIONS, DimensionError, Dimensions
+from shared.integrity import ReportRefusedError, as_profiled
 from shared.mechanisms import Mechanism
 from shared.schemas import MetricSpec, Report, ReportBatch
 
 #: Reports may be stamped up to this far ahead of the server's clock (clock skew).
 FUTURE_TOLERANCE = timedelta(hours=1)
+#: Refused reports listed one by one per metric version in a refusal's problems (the
+#: rest are counted in the last problem).
+LISTED_REFUSALS = 20
 
 
 class BatchRejected(Exception):
@@ -62,6 +66,28 @@ class InvalidBatchError(BatchRejected):
 
     summary = "The batch has invalid reports; none was stored"
     reason = "invalid"
+
+
+class ReportsRefusedError(InvalidBatchError):
+    """Reports of the batch break their mechanism's refusal rules (``shared.integrity``:
+    reports no honest device sends but with probability at most 2^-40), maybe beside other
+    invalid reports. ``refused`` counts them by (metric, version, bucket, rule name), for
+    the service to record; ``by_rule`` by (metric, rule), for the counters."""
+
+    summary = "The batch has reports no honest device sends; none was stored"
+
+    def __init__(
+        self, problems: list[dict[str, Any]], refused: dict[tuple[str, int, int, str], int]
+    ) -> None:
+        super().__init__(problems)
+        self.refused = refused
+
+    @property
+    def by_rule(self) -> dict[tuple[str, str], int]:
+        counts: dict[tuple[str, str], int] = {}
+        for (metric, _, _, rule), reports in self.refused.items():
+            counts[(metric, rule)] = counts.get((metric, rule), 0) + reports
+        return counts
 
 
 class BatchTooLargeError(BatchRejected):
@@ -123,12 +149,27 @@ class PreparedBatch:
             order = np.argsort(keys, kind="stable")
             units, starts = np.unique(keys[order], return_index=True)
             ends = [*starts[1:].tolist(), order.size]
+            profiled = as_profiled(group.mechanism)
             for unit, start, end in zip(units.tolist(), starts.tolist(), ends, strict=True):
-                stats = group.mechanism.aggregate(reports[order[start:end]])
+                unit_reports = reports[order[start:end]]
+                stats = group.mechanism.aggregate(unit_reports)
                 bucket, cell = divmod(unit, UNIT_RADIX)
                 rows.append(
                     PartialRow(group.metric, group.version, bucket, stats.n, stats.to_bytes(), cell)
                 )
+                if profiled is not None:
+                    profile = profiled.profile(unit_reports)
+                    rows.append(
+                        PartialRow(
+                            group.metric,
+                            group.version,
+                            bucket,
+                            profile.n,
+                            profile.to_bytes(),
+                            cell,
+                            PROFILE,
+                        )  # fmt: skip
+                    )
         return rows
 
 
@@ -180,6 +221,7 @@ def prepare(
         bucket_of = np.array([buckets.get(moment, -1) for moment in times], dtype=np.int64)
     ids, positions = _distinct_ids(reports)
     prepared = PreparedBatch(ids)
+    refused_counts: dict[tuple[str, int, int, str], int] = {}
     for (metric, version), indices in _members(keys, refused).items():
         mechanism = resolved[(metric, version)]
         assert not isinstance(mechanism, Missing)
@@ -202,14 +244,69 @@ def prepare(
             problems.append(cells)
             continue
         rows = np.asarray(indices, dtype=np.int64)
+        codes = mechanism.refusals(decoded)
+        if (codes >= 0).any():
+            problems += _refusal_problems(mechanism, decoded, codes, indices)
+            _count_refusals(refused_counts, mechanism, metric, version, codes, bucket_of[rows])
+            continue
         prepared.groups.append(
             Group(metric, version, mechanism, positions[rows], bucket_of[rows], decoded, cells)
         )
     if problems:
         problems.sort(key=lambda p: p["report"])
+        if refused_counts:
+            raise ReportsRefusedError(problems, refused_counts)
         raise InvalidBatchError(problems)
     prepared.folded = prepared._fold(None)
     return prepared, len(reports) - len(ids)
+
+
+def _refusal_problems(
+    mechanism: Mechanism, decoded: np.ndarray, codes: np.ndarray, indices: list[int]
+) -> list[dict[str, Any]]:
+    """One problem per refused report (field ``payload``, with the ``rule`` it breaks), the
+    first ``LISTED_REFUSALS`` of them, and one more counting the rest."""
+    rules = mechanism.refusal_rules()
+    broken = np.flatnonzero(codes >= 0)
+    problems = []
+    for position in broken[:LISTED_REFUSALS].tolist():
+        error = ReportRefusedError(
+            rules[int(codes[position])], indices[position],
+            mechanism.refusal_detail(decoded[position]),
+        )  # fmt: skip
+        problem = _problem(indices[position], "payload", f"{mechanism.name} payload: {error}")
+        problems.append(problem | {"rule": error.rule.name})
+    if broken.size > LISTED_REFUSALS:
+        last = indices[int(broken[LISTED_REFUSALS])]
+        problems.append(
+            _problem(
+                last,
+                "payload",
+                f"{mechanism.name} payload: {broken.size - LISTED_REFUSALS} more reports "
+                "(from this one on) are refused by the same rules",
+            )
+        )
+    return problems
+
+
+def _count_refusals(
+    counts: dict[tuple[str, int, int, str], int],
+    mechanism: Mechanism,
+    metric: str,
+    version: int,
+    codes: np.ndarray,
+    buckets: np.ndarray,
+) -> None:
+    """Add the refused reports of one metric version to ``counts`` by (metric, version,
+    bucket, rule name)."""
+    rules = mechanism.refusal_rules()
+    broken = codes >= 0
+    pairs, tally = np.unique(
+        np.stack([buckets[broken], codes[broken].astype(np.int64)]), axis=1, return_counts=True
+    )
+    for (bucket, code), reports in zip(pairs.T.tolist(), tally.tolist(), strict=True):
+        key = (metric, version, int(bucket), rules[int(code)].name)
+        counts[key] = counts.get(key, 0) + int(reports)
 
 
 def _buckets(

@@ -10,6 +10,7 @@ uses; one set per process.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -34,10 +35,11 @@ from aggregator.estimates import (
     series_strings,
 )
 from aggregator.federated import Federated
-from aggregator.ingest import BatchTooLargeError, prepare, utc_now
+from aggregator.ingest import BatchTooLargeError, ReportsRefusedError, prepare, utc_now
+from aggregator.integrity import robust_estimate, window_integrity, window_profile
 from aggregator.registry import check_metric_name
 from aggregator.repositories.metrics import MetricsRepository
-from aggregator.repositories.reports import PartialRow, ReportsRepository
+from aggregator.repositories.reports import PROFILE, STATS, PartialRow, ReportsRepository
 from aggregator.settings import Settings
 from aggregator.storage import Repositories, StorageHealth, StorageUnavailableError
 from aggregator.value_listing import DEFAULT_VIEW, ValueView
@@ -183,9 +185,24 @@ class Aggregator:
             )
         now = now or utc_now()
         oldest = now - timedelta(hours=self.settings.dedupe_retention_hours)
-        prepared, repeated = prepare(batch, self.catalog, self.settings.bucket_seconds, now, oldest)
+        try:
+            prepared, repeated = prepare(
+                batch, self.catalog, self.settings.bucket_seconds, now, oldest
+            )
+        except ReportsRefusedError as refused:
+            self._record_refusals(refused)
+            raise
         accepted, duplicates = self._reports.ingest(prepared.ids, prepared.fold)
         return IngestResult(accepted=accepted, duplicates=duplicates + repeated)
+
+    def _record_refusals(self, refused: ReportsRefusedError) -> None:
+        """Count a refused batch's reports by rule (the estimates' ``refused``). The batch
+        is answered 422 whether or not this is recorded: with the storage down the count
+        is lost, never the answer."""
+        try:
+            self._reports.record_refusals(refused.refused)
+        except StorageUnavailableError:
+            pass
 
     def estimate(
         self,
@@ -221,19 +238,21 @@ class Aggregator:
             stats, each = grouped_statistics(
                 mechanism, released.rows, selection.group_of(released.rows), selection.groups
             )
-            return build_estimate(
-                metric, mechanism, stats, window, released, candidates, view
-            ) | breakdown(
-                metric,
-                mechanism,
-                rows,
-                window,
-                selection,
-                self.settings.min_reports,
-                current,
-                each,
-                candidates,
-                view,
+            return (
+                build_estimate(metric, mechanism, stats, window, released, candidates, view)
+                | self._integrity(metric, mechanism, window, released.rows, stats)
+                | breakdown(
+                    metric,
+                    mechanism,
+                    rows,
+                    window,
+                    selection,
+                    self.settings.min_reports,
+                    current,
+                    each,
+                    candidates,
+                    view,
+                )
             )
         except ValueError as error:
             raise InvalidEstimateError(str(error)) from None
@@ -364,26 +383,62 @@ class Aggregator:
             )
         return window, released, rows, current
 
+    def _integrity(
+        self,
+        metric: MetricSpec,
+        mechanism: Mechanism[Any],
+        window: EstimateWindow,
+        released: list[PartialRow],
+        stats: object,
+    ) -> dict[str, object]:
+        """The estimate's ``integrity`` object (``aggregator.integrity``), and ``robust``
+        for a numeric metric with a bounded-influence mean."""
+        profiles = self._reports.partial_rows(
+            metric.name, metric.version, window.first, window.stop, PROFILE
+        )
+        profile = window_profile(mechanism, released, profiles)
+        refused = self._reports.refused_counts(
+            metric.name, metric.version, window.first, window.stop
+        )
+        n = sum(row.n for row in released)
+        extra: dict[str, object] = {"integrity": window_integrity(mechanism, profile, refused, n)}
+        robust = robust_estimate(mechanism, stats, profile)
+        if robust is not None:
+            extra["robust"] = robust
+        return extra
+
     def compact(self) -> CompactionResult:
-        """Merge each (metric, version, bucket, cell)'s partial rows into one."""
+        """Merge each (metric, version, bucket, cell)'s partial rows into one, and each
+        one's profile rows into one."""
         groups = merged = 0
-        for metric, version, bucket, cell in self._reports.groups_to_compact():
-            mechanism = self.catalog.mechanism(metric, version)
-            if mechanism is None:
-                continue
-
-            def merge(
-                blobs: list[bytes], mechanism: Mechanism[Any] = mechanism
-            ) -> tuple[int, bytes]:
-                total = mechanism.empty_statistics().merge_many(
-                    mechanism.statistics_from_bytes(blob) for blob in blobs
+        for kind in (STATS, PROFILE):
+            for metric, version, bucket, cell in self._reports.groups_to_compact(kind=kind):
+                mechanism = self.catalog.mechanism(metric, version)
+                if mechanism is None:
+                    continue
+                rows = self._reports.compact_group(
+                    metric, version, bucket, cell, _merger(mechanism, kind), kind
                 )
-                return total.n, total.to_bytes()  # the smaller of dense and sparse
-
-            rows = self._reports.compact_group(metric, version, bucket, cell, merge)
-            groups += rows > 0
-            merged += rows
+                groups += rows > 0
+                merged += rows
         return CompactionResult(groups, merged)
+
+
+def _merger(mechanism: Mechanism[Any], kind: str) -> Callable[[list[bytes]], tuple[int, bytes]]:
+    """How compaction merges serialized rows of ``kind``: the mechanism's statistics, or
+    profiles (count vectors)."""
+
+    def merge(blobs: list[bytes]) -> tuple[int, bytes]:
+        if kind == PROFILE:
+            parts = [CountStatistics.from_bytes(blob) for blob in blobs]
+            total: Any = parts[0].merge_many(parts[1:])
+        else:
+            total = mechanism.empty_statistics().merge_many(
+                mechanism.statistics_from_bytes(blob) for blob in blobs
+            )
+        return total.n, total.to_bytes()  # the smaller of dense and sparse
+
+    return merge
 
 
 @dataclass(frozen=True)

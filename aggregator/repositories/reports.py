@@ -33,14 +33,19 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.engine import Connection
 
 from aggregator.group_commit import GroupCommitter, Submission
 from aggregator.repositories.database import Database, Repository, StorageUnavailableError
-from aggregator.repositories.schema import partial_stats, report_ids
+from aggregator.repositories.schema import (
+    partial_stats,
+    refused_reports,
+    report_ids,
+    report_profiles,
+)
 
-__all__ = ["UNIT_RADIX", "PartialRow", "ReportsRepository"]
+__all__ = ["PROFILE", "STATS", "UNIT_RADIX", "PartialRow", "ReportsRepository"]
 
 #: Report ids per SQLite insert statement: a statement that may fail midway keeps the
 #: pages it changes in a statement journal (in memory) until it ends; this bounds it.
@@ -49,6 +54,10 @@ _ID_BYTES = 16
 #: Partial rows per multi-row insert (6 parameters each; SQLite takes up to 32,766).
 _ROWS_PER_STATEMENT = 1000
 _ROW_COLUMNS = ("metric", "version", "bucket", "cell", "n", "stats")
+#: A partial row's kind: the reports' statistics (``partial_stats``) or their profile
+#: (``report_profiles``, ``shared.integrity``); both tables have the same columns.
+STATS, PROFILE = "stats", "profile"
+_TABLES = {STATS: partial_stats, PROFILE: report_profiles}
 
 #: SQLite: insert the ids cut from ``:ids`` (``:count`` of them), skipping stored ones.
 #: ``WHERE true`` tells the parser that ``ON CONFLICT`` is the upsert clause.
@@ -76,7 +85,8 @@ class PartialRow:
     """Statistics of some reports of one (metric, version, bucket, cell), serialized.
 
     ``cell``: the reports' combination of public dimension values (``shared.dimensions``);
-    0 for a metric without dimensions.
+    0 for a metric without dimensions. ``kind``: ``STATS`` (the mechanism's statistics) or
+    ``PROFILE`` (the reports' profile, ``shared.integrity.Profiled``).
     """
 
     metric: str
@@ -85,6 +95,7 @@ class PartialRow:
     n: int
     stats: bytes
     cell: int = 0
+    kind: str = STATS
 
 
 @dataclass(eq=False)
@@ -177,23 +188,74 @@ class ReportsRepository(Repository):
         return inserted
 
     def partial_rows(
-        self, metric: str, version: int, start: int | None = None, end: int | None = None
+        self,
+        metric: str,
+        version: int,
+        start: int | None = None,
+        end: int | None = None,
+        kind: str = STATS,
     ) -> list[PartialRow]:
-        """The partial statistics of one metric version with ``start <= bucket < end``."""
-        query = (
-            select(partial_stats)
-            .where(partial_stats.c.metric == metric)
-            .where(partial_stats.c.version == version)
-        )
+        """The partial statistics (or with ``kind=PROFILE`` the profiles) of one metric
+        version with ``start <= bucket < end``."""
+        table = _TABLES[kind]
+        query = select(table).where(table.c.metric == metric).where(table.c.version == version)
         if start is not None:
-            query = query.where(partial_stats.c.bucket >= start)
+            query = query.where(table.c.bucket >= start)
         if end is not None:
-            query = query.where(partial_stats.c.bucket < end)
+            query = query.where(table.c.bucket < end)
         with self.database.read() as conn:
             rows = conn.execute(query).all()
         return [
-            PartialRow(r.metric, r.version, r.bucket, r.n, bytes(r.stats), r.cell) for r in rows
+            PartialRow(r.metric, r.version, r.bucket, r.n, bytes(r.stats), r.cell, kind)
+            for r in rows
         ]
+
+    def record_refusals(self, refused: dict[tuple[str, int, int, str], int]) -> None:
+        """Add reports refused by a mechanism's rules, by (metric, version, bucket, rule).
+
+        Each count is added by one conditional UPDATE, or inserted when the row is new;
+        a concurrent insert of the same row is retried as an update (one retry suffices:
+        the row then exists)."""
+        with self.database.write() as conn:
+            for (metric, version, bucket, rule), reports in sorted(refused.items()):
+                key = (
+                    (refused_reports.c.metric == metric)
+                    & (refused_reports.c.version == version)
+                    & (refused_reports.c.bucket == bucket)
+                    & (refused_reports.c.rule == rule)
+                )
+                changed = conn.execute(
+                    update(refused_reports)
+                    .where(key)
+                    .values(reports=refused_reports.c.reports + reports)
+                ).rowcount
+                if not changed:
+                    conn.execute(
+                        insert(refused_reports).values(
+                            metric=metric,
+                            version=version,
+                            bucket=bucket,
+                            rule=rule,
+                            reports=reports,
+                        )  # fmt: skip
+                    )
+
+    def refused_counts(
+        self, metric: str, version: int, start: int | None = None, end: int | None = None
+    ) -> dict[str, int]:
+        """Reports of one metric version refused by each rule, ``start <= bucket < end``."""
+        query = (
+            select(refused_reports.c.rule, func.sum(refused_reports.c.reports))
+            .where(refused_reports.c.metric == metric)
+            .where(refused_reports.c.version == version)
+            .group_by(refused_reports.c.rule)
+        )
+        if start is not None:
+            query = query.where(refused_reports.c.bucket >= start)
+        if end is not None:
+            query = query.where(refused_reports.c.bucket < end)
+        with self.database.read() as conn:
+            return {rule: int(total) for rule, total in conn.execute(query).all()}
 
     def add_partial_rows(self, rows: Sequence[PartialRow]) -> None:
         """Insert statistics directly (loading, benchmarks); no report ids are recorded."""
@@ -210,15 +272,13 @@ class ReportsRepository(Repository):
         with self.database.read() as conn:
             return int(conn.execute(select(func.count()).select_from(report_ids)).scalar_one())
 
-    def groups_to_compact(self, min_rows: int = 2) -> list[tuple[str, int, int, int]]:
+    def groups_to_compact(
+        self, min_rows: int = 2, kind: str = STATS
+    ) -> list[tuple[str, int, int, int]]:
         """The (metric, version, bucket, cell) groups holding at least ``min_rows`` partial
-        rows."""
-        key = (
-            partial_stats.c.metric,
-            partial_stats.c.version,
-            partial_stats.c.bucket,
-            partial_stats.c.cell,
-        )
+        rows (of statistics, or with ``kind=PROFILE`` of profiles)."""
+        table = _TABLES[kind]
+        key = (table.c.metric, table.c.version, table.c.bucket, table.c.cell)
         with self.database.read() as conn:
             rows = conn.execute(select(*key).group_by(*key).having(func.count() >= min_rows)).all()
         return [(row[0], row[1], row[2], row[3]) for row in rows]
@@ -230,27 +290,29 @@ class ReportsRepository(Repository):
         bucket: int,
         cell: int,
         merge: Callable[[list[bytes]], tuple[int, bytes]],
+        kind: str = STATS,
     ) -> int:
-        """Replace a group's partial rows (one metric, version, bucket and cell) by one row,
-        their ``merge``; returns rows merged.
+        """Replace a group's partial rows (one metric, version, bucket and cell; of
+        statistics or profiles by ``kind``) by one row, their ``merge``; returns rows merged.
 
         ``merge(list of stats bytes) -> (n, stats bytes)``. DELETE ... RETURNING hands
         each row to exactly one transaction, so concurrent compactions never double count.
         """
+        table = _TABLES[kind]
         with self.database.write() as conn:
             deleted = conn.execute(
-                delete(partial_stats)
-                .where(partial_stats.c.metric == metric)
-                .where(partial_stats.c.version == version)
-                .where(partial_stats.c.bucket == bucket)
-                .where(partial_stats.c.cell == cell)
-                .returning(partial_stats.c.stats)
+                delete(table)
+                .where(table.c.metric == metric)
+                .where(table.c.version == version)
+                .where(table.c.bucket == bucket)
+                .where(table.c.cell == cell)
+                .returning(table.c.stats)
             ).all()
             if len(deleted) == 0:
                 return 0
             n, stats = merge([bytes(row[0]) for row in deleted])
             conn.execute(
-                insert(partial_stats).values(
+                insert(table).values(
                     metric=metric, version=version, bucket=bucket, cell=cell, n=n, stats=stats
                 )
             )
@@ -294,14 +356,16 @@ def _store_rows(conn: Connection, group: list[_Batch], inserted: set[bytes] | No
 
 
 def _insert_rows(conn: Connection, rows: Sequence[PartialRow]) -> None:
-    """Insert partial rows, ``_ROWS_PER_STATEMENT`` by each multi-row statement (one driver
-    call, where ``executemany`` makes one per row)."""
+    """Insert partial rows, each into its kind's table, ``_ROWS_PER_STATEMENT`` by each
+    multi-row statement (one driver call, where ``executemany`` makes one per row)."""
     mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
     values = "(" + ", ".join([mark] * len(_ROW_COLUMNS)) + ")"
-    for start in range(0, len(rows), _ROWS_PER_STATEMENT):
-        chunk = rows[start : start + _ROWS_PER_STATEMENT]
-        conn.exec_driver_sql(
-            f"INSERT INTO partial_stats ({', '.join(_ROW_COLUMNS)}) VALUES "
-            + ", ".join([values] * len(chunk)),
-            tuple(getattr(row, column) for row in chunk for column in _ROW_COLUMNS),
-        )
+    for kind, table in _TABLES.items():
+        of_kind = [row for row in rows if row.kind == kind]
+        for start in range(0, len(of_kind), _ROWS_PER_STATEMENT):
+            chunk = of_kind[start : start + _ROWS_PER_STATEMENT]
+            conn.exec_driver_sql(
+                f"INSERT INTO {table.name} ({', '.join(_ROW_COLUMNS)}) VALUES "
+                + ", ".join([values] * len(chunk)),
+                tuple(getattr(row, column) for row in chunk for column in _ROW_COLUMNS),
+            )
