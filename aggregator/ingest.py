@@ -14,6 +14,13 @@ anything is written (one bad report refuses the whole batch), and folds the repo
 ``PartialRow``s (one per metric, version, time bucket and cell). Inside the transaction
 that records the ids, ``PreparedBatch.fold`` hands over those rows when every id turned
 out new, or folds the new reports again when some were not.
+
+Integrity (``shared.integrity``). A decoded report that breaks its mechanism's refusal rule
+(a report no honest device sends but with probability at most 2^-40) refuses the batch
+like any invalid report, with a problem naming the ``rule``; the refused reports are
+counted by (metric, version, bucket, rule) in ``ReportsRefusedError.refused`` for the
+service to record. For a mechanism with a report profile (``Profiled``), each unit's
+profile is folded beside its statistics as a ``PROFILE`` row.
 """
 
 from __future__ import annotations
