@@ -281,7 +281,7 @@ def _refusal_problems(
             rules[int(codes[position])], indices[position],
             mechanism.refusal_detail(decoded[position]),
         )  # fmt: skip
-        problem = _problem(indices[position], "payload", f"{mechanism.name} payload: {error}")
+        problem = _problem(indices[position], "payload", f"{mechanism.name} payload: {error.reason}")
         problems.append(problem | {"rule": error.rule.name})
     if broken.size > LISTED_REFUSALS:
         last = indices[int(broken[LISTED_REFUSALS])]

@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute
 
@@ -37,6 +37,18 @@ class ProblemItem(BaseModel):
     report: int | None = Field(default=None, description="Index of the report in the batch.")
     field: str | None = None
     message: str
+    rule: str | None = Field(
+        default=None,
+        description="The refusal rule the report breaks (a report no honest device sends "
+        "but with probability at most 2^-40); only on such problems.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _rule_only_when_broken(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("rule") is None:
+            data.pop("rule", None)
+        return data
 
 
 class Problem(BaseModel):

@@ -75,11 +75,12 @@ class ReportRefusedError(ValueError):
 
     def __init__(self, rule: RefusalRule, report: int, detail: str) -> None:
         self.rule, self.report, self.detail = rule, report, detail
-        super().__init__(
-            f"report {report}: refused by rule {rule.name!r}: {detail} ({rule.description}; "
-            f"an honest device sends such a report with probability at most "
-            f"{rule.false_refusal:.2g})"
+        #: Why, without the report's index.
+        self.reason = (
+            f"refused by rule {rule.name!r}: {detail} ({rule.description}; an honest device "
+            f"sends such a report with probability at most {rule.false_refusal:.2g})"
         )
+        super().__init__(f"report {report}: {self.reason}")
 
 
 @dataclass(frozen=True)

@@ -421,7 +421,10 @@ def test_a_huge_laplace_index_is_refused_and_changes_nothing(
     assert f"outside {-mech.tail_bound}..{high}" in refused.text, problem
     assert published(server) == before  # nothing of the batch was stored
 
-    edge = post(server, [{"value": high}])  # the largest accepted index moves it boundedly
+    past_rule = post(server, [{"value": mech.grid_steps + mech.refusal_bound + 1}])
+    assert past_rule.json()["errors"][0]["rule"] == "laplace.noise_tail", past_rule.text
+    accepted = mech.grid_steps + mech.refusal_bound  # the largest index the rule accepts
+    edge = post(server, [{"value": accepted}])  # moves the mean boundedly
     assert edge.json() == {"accepted": 1, "duplicates": 0}, edge.text
     after = published(server)
-    assert abs(after["mean"] - before["mean"]) <= (high * mech.step) / 301 + 1e-9
+    assert abs(after["mean"] - before["mean"]) <= (accepted * mech.step) / 301 + 1e-9

@@ -399,7 +399,8 @@ def test_time_older_than_retention(service: Service) -> None:
 # --- payloads of each mechanism -------------------------------------------------------
 
 #: B: laplace accepts grid indices -B..K+B (the grid plus the noise tail bound).
-LAPLACE_TAIL_BOUND = make_mechanism(MechanismSpec.model_validate(SPECS["laplace"])).tail_bound
+#: The farthest a laplace index may lie past the grid: the refusal rule's noise tail.
+LAPLACE_TAIL_BOUND = make_mechanism(MechanismSpec.model_validate(SPECS["laplace"])).refusal_bound
 
 PAYLOAD_CASES: list[tuple[str, str, Any]] = [
     ("grr", "value too large", {"value": 4}),

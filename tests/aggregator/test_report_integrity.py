@@ -10,6 +10,8 @@ distort it.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,11 +29,25 @@ from aggregator.repositories.schema import (
 from shared.integrity import ALERT_P_VALUE
 from shared.mechanisms import make_mechanism
 from shared.schemas import MechanismSpec
-from tests.aggregator.test_api import Api, assert_problem, hour, iso, reports
+from tests.aggregator.test_api import Api, assert_problem, hour, iso, reports, running
 
 OUE = {"mechanism": "oue", "epsilon": 1.0, "domain_size": 64}
 LAPLACE = {"mechanism": "laplace", "epsilon": 1.0, "lower": 0.0, "upper": 100.0}
 LAST_HOUR = iso(hour(-1))
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[Api]:
+    """The service on a fresh SQLite file."""
+    with running(str(tmp_path / "integrity.sqlite3")) as service:
+        yield service
+
+
+@pytest.fixture
+def db_api(database_url: str) -> Iterator[Api]:
+    """The service on a fresh SQLite file, then on a fresh PostgreSQL schema."""
+    with running(database_url) as service:
+        yield service
 
 
 def post_all(api: Api, metric: str, payloads: list[dict[str, Any]], size: int = 500) -> None:
