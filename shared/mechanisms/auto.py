@@ -7,6 +7,10 @@ resolve the same mechanism; ties keep the earlier, cheaper name in
 ``CANDIDATES`` (GRR's reports are the smallest). Roughly: GRR when
 d < 3 e^eps + 2, otherwise OUE (or OLH, whose variance is within a hair of
 OUE's with reports of three integers instead of d bits).
+
+Refusal rules and profiles: those of the mechanism chosen (``resolve_auto`` returns it):
+``oue``'s and ``sue``'s ones-count rule and ones-count profile; none for ``grr``, ``olh``
+and ``hr`` (their modules say why).
 """
 
 from __future__ import annotations

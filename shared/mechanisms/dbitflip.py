@@ -75,6 +75,17 @@ estimate clipped to [0, 1]. At s = d this is SUE's (basic one-time RAPPOR).
 these is unbiased too but replaces S_j by its mean n s / d and has the larger variance;
 ``estimate`` uses S_j.
 
+Refusal rule ``"dbitflip.ones_count"`` (``shared.integrity``). A device's s bits are
+independent, 1 with probability p at v's bucket (if sampled) and q elsewhere, so its count
+of ones is Bernoulli(p) + Binomial(s - 1, q) when v is sampled and Binomial(s, q) when not
+(s < d): stochastically between the two, both attained. The rule refuses more than U ones
+(U least with the first law's P(count > U) <= 2^-41) or fewer than L (L largest with the
+second's P(count < L) <= 2^-41); ``false_refusal`` is their sum, a device's chance over its
+memoized draws (memoized: a device so refused stays refused for that value). E.g. epsilon
+1, d = 1024, s = 64: U = 52, L = 1, false refusal 3.2e-13; at s <= 8 there is no rule.
+No profile: a device sends one memoized report again and again, so a window's reports are
+not independent draws.
+
 Reports: a structured array, one row per report, fields ``buckets`` (s little-endian
 uint32, strictly increasing) and ``bits`` (s booleans, bit c of bucket ``buckets[c]``).
 Payload ``{"buckets": base64 of the s little-endian uint32 buckets, "bits": base64 of
@@ -114,6 +125,7 @@ from shared.mechanisms.categorical import (
 from shared.mechanisms.memoized import MemoizedMechanism, MemoizedSpec
 from shared.mechanisms.registry import register
 from shared.mechanisms.spec import MAX_DOMAIN_SIZE, CategoricalSpec, fill_in
+from shared.mechanisms.unary import BinomialSum, OnesCountRefusal
 from shared.memo import Memo
 from shared.randomness import BITS53, Rng, certified_threshold, realized_probability
 from shared.statistics import CountStatistics
@@ -211,7 +223,7 @@ class DBitFlipSpec(MemoizedSpec, CategoricalSpec):
 
 
 @register
-class DBitFlip(MemoizedMechanism, CategoricalMechanism):
+class DBitFlip(OnesCountRefusal, MemoizedMechanism, CategoricalMechanism):
     """Ding et al.'s dBitFlip with memoized buckets and bits (see the module docstring)."""
 
     name = "dbitflip"
@@ -246,6 +258,17 @@ class DBitFlip(MemoizedMechanism, CategoricalMechanism):
     def bit_q(self) -> float:
         """Realized P(b_j = 1 | v != j) = 1 - ``bit_p``, nominally 1 / (e^a + 1)."""
         return realized_probability(self.thresholds[1])
+
+    def ones_count_laws(self) -> tuple[BinomialSum, BinomialSum]:
+        """Bernoulli(p) + Binomial(s - 1, q) (v sampled) and Binomial(s, q) (v not sampled,
+        possible when s < d), at the realized bit probabilities (module docstring)."""
+        s, p, q = self.bits_per_device, self.bit_p, self.bit_q
+        sampled: BinomialSum = ((1, p), (s - 1, q))
+        return sampled, (((s, q),) if s < self.domain_size else sampled)
+
+    def report_bit_rows(self, reports: np.ndarray) -> np.ndarray:
+        """The reports' s bits (booleans: counting ones counts the true ones)."""
+        return reports["bits"]
 
     @property
     def sampling_rate(self) -> float:

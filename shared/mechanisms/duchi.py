@@ -20,6 +20,10 @@ T_hi / T_lo <= e^eps, and each realized probability is within a few 2^-53 of
 the nominal one (the estimator's bias is of that order).
 
 Report: the sign (int8, -1 or +1), payload ``{"value": -1 | 1}``.
+
+Refusal rules: none (``shared.integrity``). Each sign is sent with probability at least 1/2
+under some input (+1 at t = 1, -1 at t = -1), so no nonempty set of outputs is below 2^-40
+for every input.
 """
 
 from __future__ import annotations

@@ -20,6 +20,10 @@ simulation agree with what ``encode`` draws.
 
 Report: the reported index (int64). Payload: ``{"value": int}``.
 Sufficient statistics: the histogram of reported values.
+
+Refusal rules: none (``shared.integrity``). Every output y is the likeliest report of the
+input y, with probability p >= 1/d >= 2^-20, so no nonempty set of outputs has probability
+below 2^-40 under every input: a forged index is an honest report's likeliest form.
 """
 
 from __future__ import annotations

@@ -131,6 +131,11 @@ over levels adds, exactly,
 Planning variance ``variance(n)``: the largest variance of one bucket's consistent fraction
 (the whole formula above) at uniform data with n / h reports per level, computed at a
 large n0 and scaled as n0 / n.
+
+Refusal rules: none (``shared.integrity``). The level is drawn independently of the value,
+and each level's oracle has none: ``grr``'s every output is the likeliest for some node,
+and ``olh``'s sets below 2^-40 for every input are only sets of particular hash functions
+(their modules say why).
 """
 
 from __future__ import annotations

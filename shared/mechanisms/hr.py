@@ -33,6 +33,12 @@ C_v = (n + (H h)[v + 1]) / 2. O(n + K log K).
 
 Report: the index y (int64). Payload: ``{"value": int}``.
 Sufficient statistics: the length-K histogram of reported indices.
+
+Refusal rules: none (``shared.integrity``). For d >= 3 every index y lies in some S_v (one of
+the rows 1, 2, 3 shares an even number of set bits with y), where its probability
+is 2 e^eps / (K (e^eps + 1)) >= 1/K >= 2^-21; for d <= 2 (K <= 4) every index has
+probability at least 2 / (K (e^eps + 1)) > 2^-31 under every input. So no nonempty set of
+indices is below 2^-40 for every input.
 """
 
 from __future__ import annotations

@@ -74,6 +74,11 @@ uniform value of 0..d-1 (``grr.k_ary_response``).
 
 Report: the reported index (int64). Payload: ``{"value": int}``.
 Sufficient statistics: the histogram of reported values.
+
+Refusal rules: none (``shared.integrity``). A device whose permanent response is y reports
+y with probability p2 = lam2 + (1 - lam2)/d >= 1/d >= 2^-20, so every output is likely
+under some input and device state, and no nonempty set of outputs is below 2^-40 for
+all of them.
 """
 
 from __future__ import annotations

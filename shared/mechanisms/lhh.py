@@ -66,6 +66,12 @@ of the widest unary level (0 if none). Payload ``{"level": int, "value": int, "b
 base64}``, with ``bits`` exactly ceil(B^l / 8) bytes of the level's (empty at an ``lgrr``
 level).
 
+Refusal rules (``shared.integrity``): a report at a ``losue`` level is refused by that
+level's oracle's ones-count rule (``shared.mechanisms.lue``: beyond the counts of ones no
+honest device state reaches but with probability 2^-41 a side), named
+``"lhh.level<l>.ones_count"``; ``lgrr`` levels have none (``shared.mechanisms.lgrr``). Each
+rule's ``false_refusal`` is its oracle's: a report is tested only at its own level.
+
 Statistics and estimate: ``hh``'s, unchanged: level 1's oracle statistics, ..., level
 h's, then n_1..n_h; each level's estimate is its oracle's (unbiased at the one-report
 law), then ``hh``'s consistency (``ConsistentTree``) and exact range variances
@@ -94,6 +100,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from shared.integrity import RefusalRule
 from shared.mechanisms.abilities import FRESH, DeviceContext
 from shared.mechanisms.base import (
     BASE64,
@@ -280,6 +287,47 @@ class LongitudinalHierarchicalHistogram(MemoizedMechanism, HierarchicalHistogram
             else:
                 reports["value"][rows] = response
         return reports
+
+    # --- refusal rules: the level oracles' ---------------------------------------------
+
+    @cached_property
+    def _level_rules(self) -> tuple[tuple[int, int, RefusalRule], ...]:
+        """(level, the rule's index in its oracle's rules, the rule renamed for ``lhh``)."""
+        return tuple(
+            (
+                level,
+                index,
+                RefusalRule(
+                    f"{self.name}.level{level}.{rule.name.split('.', 1)[1]}",
+                    f"at level {level}: {rule.description}",
+                    rule.false_refusal,
+                ),
+            )
+            for level in range(1, self.height + 1)
+            for index, rule in enumerate(self.oracle(level).refusal_rules())
+        )
+
+    def refusal_rules(self) -> tuple[RefusalRule, ...]:
+        """Each level oracle's rules, level by level (a ``losue`` level's ones count)."""
+        return tuple(rule for _, _, rule in self._level_rules)
+
+    def refusals(self, reports: np.ndarray) -> np.ndarray:
+        """Each report tested by its own level's oracle (``refusal_rules`` indices)."""
+        codes = np.full(len(reports), -1, dtype=np.int8)
+        first = 0
+        for level in sorted({level for level, _, _ in self._level_rules}):
+            rows = np.flatnonzero(reports["level"] == level)
+            inner = self.oracle(level).refusals(self._oracle_reports(reports[rows], level))
+            codes[rows] = np.where(inner >= 0, first + inner, -1)
+            first += len(self.oracle(level).refusal_rules())
+        return codes
+
+    def refusal_detail(self, report: np.ndarray) -> str:
+        """The level and what its oracle says of the report (``"level 3: 60 of the 64 bits
+        set"``)."""
+        level = int(report["level"])
+        inner = self._oracle_reports(np.asarray(report)[np.newaxis], level)[0]
+        return f"level {level}: {self.oracle(level).refusal_detail(inner)}"
 
     # --- reports and statistics --------------------------------------------------------
 

@@ -88,6 +88,24 @@ instead of two.
 Rows are encoded in chunks of at most ``CHUNK_WORDS`` words each, so memory stays
 bounded whatever the batch. Reports, payloads (``{"bits": base64}``, ``np.packbits``
 layout), bit-sum statistics and the estimator are those of ``UnaryEncoding``.
+
+Refusal rule ``"<name>.ones_count"`` (``shared.integrity``). A device's reports share its
+permanent response B, so the rule must hold for every B, not only on average. Given B with
+m ones, a report's count of ones is Binomial(m, p2) + Binomial(d - m, q2) whatever the
+input; p2 > q2, so it grows stochastically with m, from Binomial(d, q2) (B all zeros) to
+Binomial(d, p2) (B all ones), and both ends are permanent responses of positive
+probability (memo=None draws lie between them too: q2 <= q* and p* <= p2). The rule
+refuses more than U ones, U the least count with P(Binomial(d, p2) > U) <= 2^-41, or fewer
+than L, L the largest with P(Binomial(d, q2) < L) <= 2^-41 (each side exact at its worst
+state; ``false_refusal`` is their sum, at least the largest probability over states of
+breaking either side). E.g. ``losue`` at epsilon 2, epsilon_report 1, d = 1024: U = 908,
+L = 116, false refusal 6.1e-13. It catches forged vectors with most bits set, not the
+maximal gain attack's (which pads to the honest mean count).
+
+No profile (``Profiled``): one report's count is Bernoulli(p*) + Binomial(d - 1, q*) only
+averaged over the permanent response; a window holds several reports per device with one
+B, so its counts are not independent draws of that law and a chi-square test would fire
+on honest windows.
 """
 
 from __future__ import annotations
@@ -107,12 +125,20 @@ from shared.mechanisms.memoized import ChainedSpec, MemoizedMechanism
 from shared.mechanisms.registry import register
 from shared.mechanisms.spec import CategoricalSpec
 from shared.mechanisms.unary import (
+    BinomialSum,
     OptimizedUnaryEncoding,
     SymmetricUnaryEncoding,
     UnaryEncoding,
 )
 from shared.memo import Memo, MemoDraws
-from shared.randomness import BITS53, RandomSource, Rng, as_source, ratio_within_epsilon
+from shared.randomness import (
+    BITS53,
+    RandomSource,
+    Rng,
+    as_source,
+    ratio_within_epsilon,
+    realized_probability,
+)
 
 __all__ = [
     "CHUNK_WORDS",
@@ -283,6 +309,12 @@ class LongitudinalUnaryEncoding(MemoizedMechanism, UnaryEncoding):
             else:
                 high = middle
         return self._instantaneous_at(low)
+
+    def ones_count_laws(self) -> tuple[BinomialSum, BinomialSum]:
+        """(Binomial(d, p2), Binomial(d, q2)): the counts of ones when every permanent bit is
+        1, and when none is (module docstring)."""
+        p2, q2 = (realized_probability(t) for t in self.instantaneous_thresholds)
+        return ((self.domain_size, p2),), ((self.domain_size, q2),)
 
     def _instantaneous_at(self, k: int) -> tuple[int, int]:
         """(T_p2, T_q2) at step k of the family: (N/2 + k, N/2 - k) or (N/2, N/2 - k)."""

@@ -57,6 +57,17 @@ Payload: ``{"report": base64 of the view bytes}`` (``smp``: also ``"view": int``
 that view's bytes). Statistics: one ``CountStatistics``: (``smp`` only: the k reports per
 view, then) per view its counts (GRR: histogram; OUE: bit sums; numeric: histogram of
 output indices), concatenated in view order.
+
+Refusal rules (``shared.integrity``): one per OUE view, ``"<protocol>.view<v>.ones_count"``,
+the unary rule (``shared.mechanisms.unary``) on that view's bits: more than U ones is
+refused, U the least count with P(Bernoulli(p) + Binomial(D - 1, q) > U) within the side
+bound, and fewer than L, L the largest with the smallest honest law's P(count < L)
+within it: that same law under ``spl`` and ``smp``, and under ``rsfd`` the fake view's
+Binomial(D, q) (stochastically smaller: q < p). Under ``spl`` and ``rsfd`` every report
+carries every view, so each side's bound is 2^-41 / (number of OUE views) and the union of
+the rules refuses an honest report with probability at most 2^-40; under ``smp`` a report
+carries one view and each side keeps 2^-41. GRR and numeric views have none (every output
+is likely under some input: ``shared.mechanisms.grr``, ``duchi``, ``piecewise``).
 """
 
 from __future__ import annotations
@@ -66,6 +77,7 @@ import binascii
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, ClassVar, cast
 
 import numpy as np
@@ -77,6 +89,7 @@ from shared.attributes import (
     PairMarginal,
 )
 from shared.bitcount import bit_sums
+from shared.integrity import RefusalRule
 from shared.marginals import (
     INDEPENDENT,
     PairView,
@@ -108,7 +121,13 @@ from shared.mechanisms.numeric import NumericMechanism
 from shared.mechanisms.piecewise import PiecewiseMechanism, PiecewiseSpec
 from shared.mechanisms.registry import make_mechanism, register
 from shared.mechanisms.spec import MechanismSpec
-from shared.mechanisms.unary import OptimizedUnaryEncoding, OueSpec
+from shared.mechanisms.unary import (
+    OnesCountBounds,
+    OptimizedUnaryEncoding,
+    OueSpec,
+    binomial_sum_pmf,
+    count_ones,
+)
 from shared.mechanisms.window import draw_window_cells
 from shared.randomness import RandomSource, Rng, as_source
 from shared.statistics import CountStatistics, MomentStatistics
@@ -417,6 +436,59 @@ class MultiAttributeMechanism(Mechanism[CountStatistics]):
             block[picked] = view.encode(view.inputs(rows)[picked], source)
             blocks.append(block)
         return np.hstack(blocks)
+
+    # --- refusal rules: the OUE views' ones counts ---------------------------------------
+
+    @cached_property
+    def _view_rules(self) -> tuple[tuple[int, OnesCountBounds, RefusalRule], ...]:
+        """(view index, bounds, rule) of each OUE view with a ones-count rule (module
+        docstring): sides within 2^-41 / (the OUE views) under ``spl`` and ``rsfd``, where
+        every report carries all of them, 2^-41 under ``smp``, where it carries one."""
+        unary = [v for v, view in enumerate(self.views) if view.oracle == "oue"]
+        share = 1 if self.name == "smp" else max(1, len(unary))
+        rules = []
+        for v in unary:
+            inner = cast(OptimizedUnaryEncoding, self.views[v].inner)
+            true = binomial_sum_pmf(inner.ones_count_law())
+            fake = binomial_sum_pmf(((inner.domain_size, inner.q),))
+            bounds = OnesCountBounds.from_laws(true, fake if self.name == "rsfd" else true, share)
+            if bounds.refuses:
+                rule = RefusalRule(
+                    f"{self.name}.view{v}.ones_count",
+                    f"view {self.views[v].describe()}: {bounds.describe()}",
+                    bounds.upper_tail + bounds.lower_tail,
+                )
+                rules.append((v, bounds, rule))
+        return tuple(rules)
+
+    def refusal_rules(self) -> tuple[RefusalRule, ...]:
+        """A ones-count rule per OUE view whose counts allow one (none for GRR and numeric
+        views: every output is likely under some input, their modules say why)."""
+        return tuple(rule for _, _, rule in self._view_rules)
+
+    def refusals(self, reports: np.ndarray) -> np.ndarray:
+        """Per report, the first OUE view rule its view bytes break, else -1."""
+        codes = np.full(len(reports), -1, dtype=np.int8)
+        if not self._view_rules:
+            return codes
+        _, blocks = self._view_blocks(reports)
+        for index in reversed(range(len(self._view_rules))):  # the first broken rule wins
+            v, bounds, _ = self._view_rules[index]
+            block, positions = blocks[v]
+            codes[positions[bounds.breaks(count_ones(block))]] = index
+        return codes
+
+    def refusal_detail(self, report: np.ndarray) -> str:
+        """The views whose counts of ones are refused (``"view (0): 60 of the 64 bits
+        set"``)."""
+        _, blocks = self._view_blocks(np.asarray(report)[np.newaxis])
+        details = []
+        for v, bounds, _ in self._view_rules:
+            ones = count_ones(blocks[v][0])
+            if ones.size and bounds.breaks(ones)[0]:
+                view = self.views[v].describe()
+                details.append(f"view {view}: {int(ones[0])} of the {bounds.bits} bits set")
+        return "; ".join(details) or "no view's count of ones is refused"
 
     # --- server side ------------------------------------------------------------------
 

@@ -46,6 +46,12 @@ gives the exact counts C_v = #{i : H_{a_i, b_i}(v) = y_i}.
 
 Report: int64 rows (a, b, y). Payload: ``{"a": int, "b": int, "value": int}``.
 Sufficient statistics: the support counts C_v.
+
+Refusal rules: none (``shared.integrity``). (a, b) is uniform whatever the input, and given
+(a, b) every bucket has probability at least 1 / (e^eps + g - 1) > 2^-31 under every input
+(g - 1 <= e^eps + 1/2), so the only sets below 2^-40 for every input are sets of a few
+particular hash functions. They say nothing about forgery: the reports a forger wants (a
+hash that sends its targets to one bucket, Cao et al. 2021) are as likely as any other.
 """
 
 from __future__ import annotations

@@ -92,6 +92,10 @@ Memo draws (what a client in another language must reproduce; ``shared.memo``: s
 Report: the sent bit (int8, 0 or 1), payload ``{"value": 0 | 1}``. Sufficient
 statistics and estimates: ``shared.mechanisms.numeric``, with Duchi's noise model
 (curvature -1: ``std`` is an upper bound) and Duchi's exact two-point fast path.
+
+Refusal rules: none (``shared.integrity``). A report is one bit, and a device whose memoized
+bit is b sends b with probability 1 - gamma >= 1/2, so each output is likely under some
+input and device state: no nonempty set of outputs is below 2^-40 for all of them.
 """
 
 from __future__ import annotations

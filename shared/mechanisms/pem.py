@@ -129,6 +129,12 @@ Simulation fast path: ``simulate_statistics(strings, counts, rng)`` draws the st
 of a population directly with the law of ``aggregate(encode(...))`` (see its docstring).
 
 Report: int64 rows (group, seed, y). Payload: ``{"group": int, "seed": int, "value": int}``.
+
+Refusal rules: none (``shared.integrity``). The group and the seed do not depend on the
+value, and given them every bucket has probability at least o = 1 / (e^eps + g - 1) > 2^-31
+under every input, so the only sets below 2^-40 for every input are a few particular
+(seed, bucket) pairs, which say nothing about forgery: a forger's useful reports (a seed
+that hashes its target prefixes together) are as likely as honest ones.
 """
 
 from __future__ import annotations

@@ -65,6 +65,11 @@ that at K = 65536 by under 2e-6 (relative) for eps <= 4; a coarse grid costs
 variance (rounding, and a window of whole cells), never privacy.
 
 Report: the cell index (int64), payload ``{"value": int}`` in 0..M-1.
+
+Refusal rules: none (``shared.integrity``). Each cell m lies in the window of some grid
+index (the windows [i, i + w), i = 0..K, cover 0..M - 1), where its probability is
+H = p_in / w > 1/M >= 2^-17 (H > L and w H + (M - w) L = 1), so no nonempty set of cells
+is below 2^-40 for every input.
 """
 
 from __future__ import annotations

@@ -59,6 +59,19 @@ realized guarantees never exceed the figures reported. ``transition_matrix``
 and ``prr_matrix`` give the exact distributions for the tests. Reports of the *same* device for
 *different* values compose (each distinct value costs up to epsilon_infinity).
 
+Refusal rule ``"rappor.ones_count"`` (``shared.integrity``). Given the Bloom filter and any
+permanent response B' with m ones, the k reported bits are independent, 1 with probability
+q (where B' is 1) or p (where it is 0), at the realized T_q / 2^53 and T_p / 2^53: a
+report's count of ones is Binomial(m, q) + Binomial(k - m, p), stochastically increasing
+in m since p < q. With T_f > 0 every B' has positive probability, so the count lies
+between Binomial(k, p) (m = 0) and Binomial(k, q) (m = k), both attained; with f = 0
+(T_f = 0) B' is the Bloom filter itself, with 1..min(h, k) bits set, and the extremes are
+m = min(h, k) and m = 1. The rule refuses more than U ones (U least with the upper
+extreme's P(count > U) <= 2^-41) or fewer than L (L largest with the lower extreme's
+P(count < L) <= 2^-41); ``false_refusal`` is their sum. E.g. k = 256, h = 2, f = 0.5,
+p = 0.5, q = 0.75: U = 236, L = 72, false refusal 6.2e-13 (f = 0: U = 185); at k = 32 there
+is no rule.
+
 Cohorts: a device keeps one cohort for life, drawn uniformly once
 (``assign_cohort``, derived from the secret so the secret is all it stores).
 
@@ -128,7 +141,7 @@ from shared.mechanisms.rappor_common import (
 )
 from shared.mechanisms.registry import register
 from shared.mechanisms.spec import MAX_EPSILON, MIN_EPSILON, MechanismSpec, ValueKind, fill_in
-from shared.mechanisms.unary import bit_sums
+from shared.mechanisms.unary import BinomialSum, OnesCountRefusal, bit_sums
 from shared.memo import Memo
 from shared.randomness import (
     BITS53,
@@ -310,7 +323,7 @@ class RapporSpec(MechanismSpec):
 
 
 @register
-class Rappor(Mechanism[CountStatistics]):
+class Rappor(OnesCountRefusal, Mechanism[CountStatistics]):
     """RAPPOR over strings: Bloom filter, cohorts, memoized PRR, fresh IRR, candidate decoding."""
 
     payload_schema = payload_shape(
@@ -411,6 +424,19 @@ class Rappor(Mechanism[CountStatistics]):
             )
         bound = min(self.epsilon, self.epsilon_one)
         return step_until_within(flip, "up", one_report, bound), p_threshold, q_threshold
+
+    def ones_count_laws(self) -> tuple[BinomialSum, BinomialSum]:
+        """Binomial(m, q) + Binomial(k - m, p) at the most and the fewest permanent ones m
+        an honest device can hold: k and 0 when T_f > 0, min(h, k) and 1 when f = 0
+        (module docstring)."""
+        flip, p, q = self.realized_probabilities
+        k = self.num_bits
+        most, fewest = (k, 0) if flip > 0 else (min(self.num_hashes, k), 1)
+        return ((most, q), (k - most, p)), ((fewest, q), (k - fewest, p))
+
+    def report_bit_rows(self, reports: np.ndarray) -> np.ndarray:
+        """The reports' packed bits (little-endian layout; counting ones ignores order)."""
+        return reports["bits"]
 
     @property
     def realized_probabilities(self) -> tuple[float, float, float]:

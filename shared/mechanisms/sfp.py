@@ -148,6 +148,11 @@ string are split over the slots multinomially, then each sketch is drawn by
 fingerprints and device counts: the law of ``aggregate(encode(...))`` exactly, in
 O((P + 1) (k m + distinct strings x k)) whatever n is.
 
+Refusal rule ``"sfp.ones_count"`` and profile (``Profiled``): a report's bits are a ``cms``
+report's, whatever the slot and string, so ``cms``'s ones-count rule and chi-square
+profile apply unchanged (``shared.mechanisms.sketch``; e.g. epsilon 4, m = 1024: more than
+203 or fewer than 56 ones refused, false refusal 6.3e-13).
+
 Report: a structured array of dtype [("kind", int64), ("position", int64), ("row",
 int64), ("bits", uint8, ceil(m/8))], bits in ``np.packbits`` layout (bit c is bit
 7 - c % 8 of byte c // 8, padding 0). Payload ``{"kind": 0 or 1, "position": int,
@@ -194,6 +199,7 @@ from shared.mechanisms.strings import (
     string_population,
     well_formed_prefixes,
 )
+from shared.mechanisms.unary import BinomialSum, OnesCountProfile, OnesCountRefusal
 from shared.randomness import Rng, as_source
 from shared.statistics import CountStatistics
 
@@ -298,7 +304,9 @@ class SfpSpec(SketchSpec):
 
 
 @register
-class SequenceFragmentPuzzle(OpenStringMechanism, Mechanism[CountStatistics]):
+class SequenceFragmentPuzzle(
+    OnesCountRefusal, OpenStringMechanism, Mechanism[CountStatistics], OnesCountProfile
+):
     """Apple's SFP over ``cms`` sketches: one report per device, fragment or whole string."""
 
     name = "sfp"
@@ -374,6 +382,22 @@ class SequenceFragmentPuzzle(OpenStringMechanism, Mechanism[CountStatistics]):
         """(len(raw), P) int64: x = t 2^16 + b_2l 2^8 + b_2l+1 of each string at each l."""
         padded = padded_matrix(raw, 2 * self.positions).astype(np.int64)
         return (string_tags(raw)[:, None] << 16) | (padded[:, 0::2] << 8) | padded[:, 1::2]
+
+    # -- refusal rule and profile: the inner cms report's ----------------------------------
+
+    def ones_count_law(self) -> BinomialSum:
+        """The ``cms`` law: Bernoulli(p) + Binomial(m - 1, q), whatever the slot and value."""
+        return self.sketch.ones_count_law()
+
+    def ones_count_laws(self) -> tuple[BinomialSum, BinomialSum]:
+        return self.sketch.ones_count_laws()
+
+    def ones_count_test(self) -> str:
+        return self.sketch.ones_count_test()
+
+    def report_bit_rows(self, reports: np.ndarray) -> np.ndarray:
+        """The reports' packed sign bits."""
+        return reports["bits"]
 
     # -- reports and statistics --------------------------------------------------------
 

@@ -116,6 +116,24 @@ Reports and payloads:
 (h_0, ..., h_{k-1}) in 0..m-1 (all a string is to the mechanism), in row-major order
 (row 0's column most significant); its columns are j 2^m + o for ``cms`` (bit c of o set
 iff report bit c is 1) and j 2m + 2 l + bit for ``hcms``.
+
+Refusal rules and profiles (``shared.integrity``):
+
+* ``cms``: ``"cms.ones_count"``. Whatever the string and row, a report's m bits are
+  independent, its column's 1 with probability p = 1 - F / 2^53 and every other with
+  q = F / 2^53, so its count of ones is Bernoulli(p) + Binomial(m - 1, q), as a unary
+  encoding's (``shared.mechanisms.unary``): refused beyond U or below L, each side's exact
+  tail at most 2^-41 (e.g. epsilon 2, m = 1024: U = 381, L = 179, false refusal 6.6e-13).
+  The same law gives the ``Profiled`` ability: the histogram of the count, chi-square
+  tested.
+* ``hcms``: ``"hcms.zero_coefficient"`` at large epsilon only. A report (J, l, bit) has
+  (J, l) uniform whatever the string, and each (J, l, bit) is the kept sign (probability
+  p / (k m) >= 2^-23) for some string, except bit 0 (sign -1) at l = 0, since
+  H[0, c] = +1 for every column c: every string sends it with probability exactly
+  q / (k m) = (2^53 - T) / (2^54 k m). That is at most 2^-40 only when e^epsilon is about
+  2^40 / (k m) or more (epsilon >= 12.5 at the largest sketch, k m = 2^22); then such
+  reports are refused (a forged one lowers every estimate of its row alike), and below it
+  there is no rule.
 """
 
 from __future__ import annotations
@@ -135,6 +153,7 @@ from shared.bitcount import bit_sums
 from shared.estimates import Estimate
 from shared.hadamard import walsh_hadamard
 from shared.hashing import SketchHash
+from shared.integrity import FALSE_REFUSAL_BOUND, RefusalRule
 from shared.mechanisms.abilities import FRESH, DeviceContext
 from shared.mechanisms.base import (
     BASE64,
@@ -161,6 +180,7 @@ from shared.mechanisms.strings import (
     string_population,
     utf8_values,
 )
+from shared.mechanisms.unary import BinomialSum, OnesCountProfile, OnesCountRefusal
 from shared.randomness import (
     BITS53,
     RandomSource,
@@ -399,7 +419,7 @@ class SketchMechanism(OpenStringMechanism, Mechanism[CountStatistics]):
 
 
 @register
-class CountMeanSketch(SketchMechanism):
+class CountMeanSketch(OnesCountRefusal, SketchMechanism, OnesCountProfile):
     """Apple's Count Mean Sketch: m noisy sign bits per report (module docstring)."""
 
     name = "cms"
@@ -453,6 +473,25 @@ class CountMeanSketch(SketchMechanism):
         reports["row"] = rows
         reports["bits"] = bits
         return reports
+
+    def ones_count_law(self) -> BinomialSum:
+        """Bernoulli(p) + Binomial(m - 1, q): the report's column and the m - 1 others."""
+        return (1, self.p), (self.width - 1, self.q)
+
+    def ones_count_laws(self) -> tuple[BinomialSum, BinomialSum]:
+        """The one law of every string and row, twice: the rule's tails are exact."""
+        law = self.ones_count_law()
+        return law, law
+
+    def ones_count_test(self) -> str:
+        return (
+            f"ones per report against Bernoulli({self.p:.6g}) + "
+            f"Binomial({self.width - 1}, {self.q:.6g})"
+        )
+
+    def report_bit_rows(self, reports: np.ndarray) -> np.ndarray:
+        """The reports' packed sign bits."""
+        return reports["bits"]
 
     def check_reports(self, reports: np.ndarray) -> np.ndarray:
         array = np.asarray(reports)
@@ -603,6 +642,36 @@ class HadamardCountMeanSketch(SketchMechanism):
     def q(self) -> float:
         """Realized (2^53 - T)/2^54, nominally 1/(1 + e^eps)."""
         return k_ary_probabilities(self.keep_threshold, 2)[1]
+
+    @cached_property
+    def _zero_coefficient_rule(self) -> RefusalRule | None:
+        """The rule refusing sign -1 at coefficient 0, when its honest probability
+        q / (k m) = (2^53 - T) / (2^54 k m) is at most 2^-40 (module docstring)."""
+        chance = Fraction(BITS53 - self.keep_threshold, 2 * BITS53 * self.depth * self.width)
+        if chance > Fraction(FALSE_REFUSAL_BOUND):
+            return None
+        return RefusalRule(
+            "hcms.zero_coefficient",
+            "sign -1 (bit 0) at coefficient 0, where every string's sign is +1",
+            float(chance),
+        )
+
+    def refusal_rules(self) -> tuple[RefusalRule, ...]:
+        """``"hcms.zero_coefficient"`` at large epsilon, else none."""
+        rule = self._zero_coefficient_rule
+        return () if rule is None else (rule,)
+
+    def refusals(self, reports: np.ndarray) -> np.ndarray:
+        """0 for a report of bit 0 at coefficient 0 while the rule holds, else -1."""
+        reports = np.asarray(reports)
+        broken = (reports[:, 1] == 0) & (reports[:, 2] == 0)
+        if self._zero_coefficient_rule is None:
+            broken[:] = False
+        return np.where(broken, 0, -1).astype(np.int8)
+
+    def refusal_detail(self, report: np.ndarray) -> str:
+        row, column, bit = (int(x) for x in report)
+        return f"row {row}, coefficient {column}, sign {'+1' if bit else '-1'}"
 
     @property
     def report_moments(self) -> tuple[float, float]:

@@ -109,6 +109,11 @@ probability lambda = w (H - L). So K_i ~ Bin(c_i, lambda) users of bucket i land
 window (spread by the conditional binomials of a multinomial, offset by offset, or per
 user when fewer), and the other users' cells are one Multinomial(n - sum K, 1/M). Exact up
 to lambda's rounding to a double; O(min(n, D w) + M).
+
+Refusal rules: none (``shared.integrity``). Each cell m lies in the window of some bucket
+(the windows [i, i + w - 1], i = 0..D-1, cover 0..M - 1), where its probability is
+H = p_in / w > 1/M >= 2^-13 (H > L and w H + (D - 1) L = 1), so no nonempty set of cells
+is below 2^-40 for every input.
 """
 
 from __future__ import annotations
