@@ -77,13 +77,14 @@ from datetime import UTC, datetime
 from typing import Any, Literal, cast
 
 import numpy as np
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
 from aggregator.attribute_estimates import (
     AttributesEstimateFields,
     attributes_estimate,
     listed_values,
 )
+from aggregator.integrity import integrity_fields
 from aggregator.repositories.reports import UNIT_RADIX, PartialRow
 from aggregator.value_listing import (
     DEFAULT_TOP_VALUES,
@@ -103,6 +104,7 @@ from shared.estimates import (
     project_rows_to_simplex,
     z_value,
 )
+from shared.integrity import ALERT_P_VALUE
 from shared.mechanisms import (
     Discovery,
     Mechanism,
@@ -599,7 +601,62 @@ class PostprocessedItem(BaseModel):
     frequency: float
 
 
+class FitOut(BaseModel):
+    """A goodness-of-fit test of the window's reports against the honest model
+    (``shared.integrity.FitTest``)."""
+
+    test: str = Field(
+        description="Which statistic of the reports was tested against which law; whether "
+        "the p-value is uniform under no attack or conservative."
+    )
+    statistic: float
+    degrees_of_freedom: int
+    p_value: float = Field(description="Small: the reports do not look like honest ones.")
+    reports: int = Field(description="Reports tested (those of the window with a profile).")
+
+
+class IntegrityOut(BaseModel):
+    """How honest the window's reports look (``aggregator.integrity``)."""
+
+    fit: FitOut | None = Field(
+        description="The window's report profile tested against the mechanism's honest law; "
+        "null for a mechanism without a profile, or with too few reports."
+    )
+    refused: dict[str, int] = Field(
+        description="Reports refused at ingest in the window, by the refusal rule they broke "
+        "(reports no honest device sends but with probability at most 2^-40)."
+    )
+    refused_share: float = Field(description="refused / (refused + n).")
+    alert: bool = Field(description=f"Whether fit.p_value is below {ALERT_P_VALUE:g}.")
+    message: str | None = Field(description="Why the estimate looks attacked, or null.")
+
+
+class RobustMeanOut(BaseModel):
+    """The mean with every report winsorized to the honest noise's quantiles
+    (``shared.integrity.RobustMean``): one report moves it at most (high - low) / n."""
+
+    mean: float
+    std: float = Field(description="The plain estimate's std (a winsorized value varies less).")
+    ci_low: float = Field(description="mean - z std - bias_bound.")
+    ci_high: float = Field(description="mean + z std + bias_bound.")
+    bias_bound: float = Field(
+        description="The largest bias the winsorizing can add, over every set of inputs."
+    )
+    winsorized: int = Field(description="Reports moved to low or high.")
+    low: float = Field(description="Every report's debiased value is clipped to [low, high].")
+    high: float
+
+
 class EstimateBase(BaseModel):
+    @model_serializer(mode="wrap")
+    def _integrity_only_where_given(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """A breakdown's groups carry no ``integrity`` (nor ``robust``): leave them out."""
+        data = handler(self)
+        for key in ("integrity", "robust"):
+            if isinstance(data, dict) and data.get(key, 0) is None:
+                del data[key]
+        return data
+
     metric: str
     version: int
     mechanism: str
@@ -654,6 +711,11 @@ class EstimateBase(BaseModel):
         default=0,
         description="With by=: groups that hold reports in the window but no released unit "
         "(left out of groups; their size is public as n is, their values never used).",
+    )
+    integrity: IntegrityOut | None = Field(
+        default=None,
+        description="How honest the window's reports look: the fit of their profile, the "
+        "reports refused by rule, and an alert. Absent from a breakdown's groups.",
     )
 
 
@@ -735,6 +797,11 @@ class NumericEstimateOut(EstimateBase):
     lower: float
     upper: float
     postprocessed_mean: float = Field(description="The mean clipped to [lower, upper]; biased.")
+    robust: RobustMeanOut | None = Field(
+        default=None,
+        description="laplace: the bounded-influence mean (reports winsorized at the honest "
+        "noise's quantiles) with its bias bound; absent for other mechanisms.",
+    )
 
 
 class CandidateItem(BaseModel):
@@ -1404,6 +1471,15 @@ def series_strings(
     return listed
 
 
+@dataclass(frozen=True)
+class SeriesIntegrity:
+    """What a series' steps need for their ``integrity`` (``aggregator.integrity``): the
+    range's profile rows and its refused reports by bucket and rule."""
+
+    profiles: Sequence[PartialRow]
+    refused: dict[int, dict[str, int]]
+
+
 def build_series(
     metric: MetricSpec,
     mechanism: Mechanism[Any],
@@ -1414,6 +1490,7 @@ def build_series(
     strings: list[str] | None = None,
     view: ValueView = DEFAULT_VIEW,
     selection: Selection | None = None,
+    integrity: SeriesIntegrity | None = None,
 ) -> dict[str, object]:
     """One estimate per step of ``grid`` from ``rows`` (the range's partial rows), JSON-ready
     in the ``SeriesOut`` shape; a string metric's at ``strings`` (``series_strings``), a
@@ -1423,7 +1500,8 @@ def build_series(
 
     The rows are grouped by step in one pass (a stable sort of their step indices); each
     step's estimate is ``build_estimate`` of its released units (``ReleasedBuckets``), or
-    None when no unit of the step holds ``min_reports`` reports.
+    None when no unit of the step holds ``min_reports`` reports. With ``integrity`` each
+    step's estimate carries its window's ``integrity`` (and ``robust``), as ``estimate``'s.
     """
     selection = selection or Selection.of(metric)
     rows = selection.rows(rows)
@@ -1458,6 +1536,11 @@ def build_series(
                 view,
                 value_buckets=False,
             )
+            if integrity is not None:
+                estimate |= integrity_fields(
+                    mechanism, released.rows, integrity.profiles, integrity.refused, stats,
+                    grid.first + index * grid.seconds, grid.first + (index + 1) * grid.seconds,
+                )  # fmt: skip
         steps.append({**window.as_json(), "n": totals[index], "estimate": estimate})
     return {
         "metric": metric.name,

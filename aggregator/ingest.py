@@ -281,7 +281,8 @@ def _refusal_problems(
             rules[int(codes[position])], indices[position],
             mechanism.refusal_detail(decoded[position]),
         )  # fmt: skip
-        problem = _problem(indices[position], "payload", f"{mechanism.name} payload: {error.reason}")
+        message = f"{mechanism.name} payload: {error.reason}"
+        problem = _problem(indices[position], "payload", message)
         problems.append(problem | {"rule": error.rule.name})
     if broken.size > LISTED_REFUSALS:
         last = indices[int(broken[LISTED_REFUSALS])]

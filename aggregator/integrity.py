@@ -33,7 +33,35 @@ from shared.integrity import (
 from shared.mechanisms import Mechanism
 from shared.statistics import CountStatistics, MomentStatistics
 
-__all__ = ["robust_estimate", "window_integrity", "window_profile"]
+__all__ = ["integrity_fields", "robust_estimate", "window_integrity", "window_profile"]
+
+
+def integrity_fields(
+    mechanism: Mechanism[Any],
+    released: Sequence[PartialRow],
+    profiles: Sequence[PartialRow],
+    refused: dict[int, dict[str, int]],
+    stats: object,
+    first: int,
+    stop: int,
+) -> dict[str, object]:
+    """What an estimate of the ``released`` rows (statistics ``stats``) over buckets
+    ``[first, stop)`` adds: ``integrity``, and ``robust`` for a numeric metric with a
+    bounded-influence mean. ``profiles``: profile rows covering at least the window;
+    ``refused``: refused reports by bucket and rule (``ReportsRepository.refused_counts``)."""
+    profile = window_profile(mechanism, released, profiles)
+    by_rule: dict[str, int] = {}
+    for bucket, counts in refused.items():
+        if first <= bucket < stop:
+            for rule, reports in counts.items():
+                by_rule[rule] = by_rule.get(rule, 0) + reports
+    fields: dict[str, object] = {
+        "integrity": window_integrity(mechanism, profile, by_rule, sum(r.n for r in released))
+    }
+    robust = robust_estimate(mechanism, stats, profile)
+    if robust is not None:
+        fields["robust"] = robust
+    return fields
 
 
 def window_profile(

@@ -23,6 +23,7 @@ from aggregator.estimates import (
     ReleasedBuckets,
     Selection,
     SeriesGrid,
+    SeriesIntegrity,
     SeriesStepName,
     breakdown,
     build_estimate,
@@ -36,7 +37,7 @@ from aggregator.estimates import (
 )
 from aggregator.federated import Federated
 from aggregator.ingest import BatchTooLargeError, ReportsRefusedError, prepare, utc_now
-from aggregator.integrity import robust_estimate, window_integrity, window_profile
+from aggregator.integrity import integrity_fields
 from aggregator.registry import check_metric_name
 from aggregator.repositories.metrics import MetricsRepository
 from aggregator.repositories.reports import PROFILE, STATS, PartialRow, ReportsRepository
@@ -288,6 +289,12 @@ class Aggregator:
             strings = series_strings(metric, mechanism, grid, candidates, view, selection.groups)
             rows = self._reports.partial_rows(metric.name, metric.version, grid.first, grid.stop)
             current = current_bucket(now, self.settings.bucket_seconds)
+            integrity = SeriesIntegrity(
+                self._reports.partial_rows(
+                    metric.name, metric.version, grid.first, grid.stop, PROFILE
+                ),
+                self._reports.refused_counts(metric.name, metric.version, grid.first, grid.stop),
+            )
             return build_series(
                 metric,
                 mechanism,
@@ -298,6 +305,7 @@ class Aggregator:
                 strings,
                 view,
                 selection,
+                integrity,
             )
         except ValueError as error:
             raise InvalidEstimateError(str(error)) from None
@@ -393,19 +401,16 @@ class Aggregator:
     ) -> dict[str, object]:
         """The estimate's ``integrity`` object (``aggregator.integrity``), and ``robust``
         for a numeric metric with a bounded-influence mean."""
-        profiles = self._reports.partial_rows(
-            metric.name, metric.version, window.first, window.stop, PROFILE
+        first, stop = window.first, window.stop
+        return integrity_fields(
+            mechanism,
+            released,
+            self._reports.partial_rows(metric.name, metric.version, first, stop, PROFILE),
+            self._reports.refused_counts(metric.name, metric.version, first, stop),
+            stats,
+            first if first is not None else -(2**62),
+            stop if stop is not None else 2**62,
         )
-        profile = window_profile(mechanism, released, profiles)
-        refused = self._reports.refused_counts(
-            metric.name, metric.version, window.first, window.stop
-        )
-        n = sum(row.n for row in released)
-        extra: dict[str, object] = {"integrity": window_integrity(mechanism, profile, refused, n)}
-        robust = robust_estimate(mechanism, stats, profile)
-        if robust is not None:
-            extra["robust"] = robust
-        return extra
 
     def compact(self) -> CompactionResult:
         """Merge each (metric, version, bucket, cell)'s partial rows into one, and each

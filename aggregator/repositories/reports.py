@@ -242,20 +242,23 @@ class ReportsRepository(Repository):
 
     def refused_counts(
         self, metric: str, version: int, start: int | None = None, end: int | None = None
-    ) -> dict[str, int]:
-        """Reports of one metric version refused by each rule, ``start <= bucket < end``."""
+    ) -> dict[int, dict[str, int]]:
+        """Reports of one metric version refused by each rule, by bucket (``start <= bucket
+        < end``): {bucket: {rule: reports}}."""
         query = (
-            select(refused_reports.c.rule, func.sum(refused_reports.c.reports))
+            select(refused_reports.c.bucket, refused_reports.c.rule, refused_reports.c.reports)
             .where(refused_reports.c.metric == metric)
             .where(refused_reports.c.version == version)
-            .group_by(refused_reports.c.rule)
         )
         if start is not None:
             query = query.where(refused_reports.c.bucket >= start)
         if end is not None:
             query = query.where(refused_reports.c.bucket < end)
+        counts: dict[int, dict[str, int]] = {}
         with self.database.read() as conn:
-            return {rule: int(total) for rule, total in conn.execute(query).all()}
+            for bucket, rule, reports in conn.execute(query).all():
+                counts.setdefault(int(bucket), {})[rule] = int(reports)
+        return counts
 
     def add_partial_rows(self, rows: Sequence[PartialRow]) -> None:
         """Insert statistics directly (loading, benchmarks); no report ids are recorded."""

@@ -17,9 +17,15 @@ import numpy as np
 import pytest
 
 from aggregator.ingest import BatchRejected, prepare
+from aggregator.repositories.reports import PROFILE, STATS
 from aggregator.storage import PartialRow
+from shared.integrity import as_profiled
 from shared.mechanisms import Mechanism, make_mechanism
 from shared.schemas import MechanismSpec, ReportBatch
+
+
+def ROW_ORDER(row: PartialRow) -> tuple[str, int, int, str]:  # noqa: N802 (a sort key)
+    return (row.metric, row.version, row.bucket, row.kind)
 
 NOW = datetime(2026, 3, 1, 12, 30, tzinfo=UTC)
 HOUR = 3600
@@ -94,9 +100,15 @@ def reference_rows(reports: list[dict[str, Any]], new: set[str]) -> list[Partial
     for (metric, version, bucket), payloads in cells.items():
         found = CATALOG.mechanism(metric, version)
         assert found is not None
-        stats = found.aggregate(found.from_payloads(payloads))
+        decoded = found.from_payloads(payloads)
+        stats = found.aggregate(decoded)
         rows.append(PartialRow(metric, version, bucket, stats.n, stats.to_bytes()))
-    return sorted(rows, key=lambda r: (r.metric, r.version, r.bucket))
+        if (profiled := as_profiled(found)) is not None:  # its profile, beside its statistics
+            profile = profiled.profile(decoded)
+            rows.append(
+                PartialRow(metric, version, bucket, profile.n, profile.to_bytes(), 0, PROFILE)
+            )
+    return sorted(rows, key=ROW_ORDER)
 
 
 def mixed_batch() -> list[dict[str, Any]]:
@@ -133,9 +145,9 @@ def test_mixed_batch_folds_each_first_occurrence_into_its_cell() -> None:
         else:
             new = list(np.random.default_rng(mask_seed).random(len(firsts)) < 0.5)
         kept = {rid for rid, fresh in zip(firsts, new, strict=True) if fresh}
-        rows = sorted(prepared.fold(new), key=lambda r: (r.metric, r.version, r.bucket))
+        rows = sorted(prepared.fold(new), key=ROW_ORDER)
         assert rows == reference_rows(reports, kept)
-        assert sum(row.n for row in rows) == len(kept)
+        assert sum(row.n for row in rows if row.kind == STATS) == len(kept)
 
 
 def test_every_refused_report_is_named_with_its_field() -> None:

@@ -35,6 +35,7 @@ from aggregator.estimates import (
     SeriesOut,
 )
 from aggregator.registry import DEMO_METRICS
+from aggregator.repositories.reports import PROFILE
 from aggregator.settings import Settings
 from aggregator.value_listing import DEFAULT_TOP_VALUES
 
@@ -362,7 +363,9 @@ def test_a_series_reads_the_storage_once(api: Api, monkeypatch: pytest.MonkeyPat
     start = BASE - 24 * HOUR
     body = api.series_body("read-once", start=iso(start), end=iso(BASE), step="1h")
     assert all(step["estimate"] is not None for step in body["steps"])
-    assert calls == [("read-once", version, int(start.timestamp()), int(BASE.timestamp()))]
+    window = (int(start.timestamp()), int(BASE.timestamp()))
+    # the statistics once, and the profiles once (for the steps' integrity)
+    assert calls == [("read-once", version, *window), ("read-once", version, *window, PROFILE)]
 
 
 # --- refusals ------------------------------------------------------------------------------
