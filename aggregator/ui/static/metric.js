@@ -265,9 +265,40 @@ function showFacts(body) {
         " left out",
     );
   }
+  facts.push(...integrityFacts(body.integrity));
   document
     .getElementById("estimate-facts")
     .replaceChildren(...facts.map((text) => el("span", { className: "fact" }, text)));
+}
+
+/** The integrity facts of an estimate: its fit's p-value, and the reports refused. */
+function integrityFacts(integrity) {
+  if (!integrity) return [];
+  const facts = [];
+  if (integrity.fit) facts.push("honest-model fit p = " + pValue(integrity.fit.p_value));
+  const refused = Object.values(integrity.refused).reduce((a, b) => a + b, 0);
+  if (refused) {
+    facts.push(
+      reports(refused) + " refused (" + percent(integrity.refused_share) + " of those sent: " +
+        Object.keys(integrity.refused).join(", ") + ")",
+    );
+  }
+  return facts;
+}
+
+function pValue(p) {
+  return p < 1e-4 ? p.toExponential(1) : number(p, 2);
+}
+
+/** The warning of an estimate whose reports do not look honest (integrity.alert). */
+function showIntegrity(integrity) {
+  const warning = document.getElementById("integrity-warning");
+  const alert = Boolean(integrity && integrity.alert);
+  warning.hidden = !alert;
+  warning.textContent = alert
+    ? "Warning: this estimate may be attacked. " + integrity.message + " (p = " +
+      pValue(integrity.fit.p_value) + ")."
+    : "";
 }
 
 function showEstimate(body) {
@@ -275,6 +306,7 @@ function showEstimate(body) {
   showEstimateParts(true);
   shownEstimate = body;
   showFacts(body);
+  showIntegrity(body.integrity);
   if (body.kind === "categorical") showCategorical(body);
   else if (body.kind === "numeric") showMean(body);
   else if (body.kind === "distribution") showDistribution(body);
@@ -327,6 +359,7 @@ function showNoEstimate(error, inWindow) {
     error.status === 409 ? "info" : "error",
   );
   document.getElementById("estimate-facts").replaceChildren();
+  showIntegrity(null);
   for (const id of ["estimate-table", "strings-table", "quantile-table", "histogram-table"]) {
     const table = document.getElementById(id);
     if (table) table.tBodies[0].replaceChildren();
@@ -402,6 +435,18 @@ function showMean(body) {
       body.population_std,
     ],
   ];
+  if (body.robust) {
+    // Reports winsorized at the honest noise's quantiles: one report's reach is bounded;
+    // the interval is widened by the bias bound.
+    const robust = body.robust;
+    rows.push([
+      "the reporting users, robust (bias at most " + number(robust.bias_bound) + ")",
+      robust.mean,
+      robust.ci_low,
+      robust.ci_high,
+      robust.std,
+    ]);
+  }
   const table = el(
     "table",
     { id: "mean-table", className: "numbers" },
