@@ -30,6 +30,7 @@ results and PNG plots. Run 'ldp-sim COMMAND --help' for the options of each.
 
 def build_parser() -> argparse.ArgumentParser:
     from simulations.commands import (
+        attack,
         audit,
         distribution,
         dpsgd,
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         numeric,
         distribution,
         multidim,
+        attack,
         audit,
         dpsgd,
         federated,

@@ -270,13 +270,26 @@ def _training(data: Dataset, defaults: ModeDefaults, mode: str) -> dict[str, Any
     }
 
 
+#: What a malicious client does to its local update before privatizing it (given the update
+#: and the task's clip norm): ``simulations.federated_attack``.
+Poison = Callable[[np.ndarray, float], np.ndarray]
+
+
 def run_task(
-    data: Dataset, config: TaskConfig, epsilon: float, seed: int, dropout: float = 0.0
+    data: Dataset,
+    config: TaskConfig,
+    epsilon: float,
+    seed: int,
+    dropout: float = 0.0,
+    malicious: np.ndarray | None = None,
+    poison: Poison | None = None,
 ) -> FederatedRun:
     """Train in this process, round by round, as the aggregator would; with secure
     aggregation, ``dropout`` is the chance that a sampled device drops out of a round
     (after advertising its keys: at the shares, masked-input or unmasking step, each as
-    likely)."""
+    likely). ``malicious`` (a bool per client) marks the clients whose local update
+    ``poison`` replaces before it is privatized (it draws nothing, so a run with and
+    without the attack sample the same rounds)."""
     rng = np.random.default_rng(seed)
     state = TaskState.start(config)
     model = make_model(config.model)
@@ -303,6 +316,11 @@ def run_task(
             )  # fmt: skip
             for index in holders
         ]
+        if malicious is not None and poison is not None:
+            updates = [
+                poison(update, state.clip_norm) if malicious[index] else update
+                for update, index in zip(updates, holders, strict=True)
+            ]
         evaluation = lambda params: evaluate(model, params, data.test_x, data.test_y)  # noqa: E731
         record: RoundRecord | None
         if config.secure_aggregation is None:
