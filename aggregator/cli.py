@@ -102,6 +102,11 @@ def main(argv: list[str] | None = None) -> int:
         "--body-timeout", type=float, help="seconds a request's body may take to arrive"
     )
     serve.add_argument(
+        "--reports-per-key-per-hour",
+        type=int,
+        help="each device key's quota of reports per metric per hour (429 past it; 0: none)",
+    )
+    serve.add_argument(
         "--demo-data",
         action="store_true",
         help="on a database without statistics, add simulated devices' perturbed reports "
@@ -127,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             max_body_bytes=getattr(args, "max_body_bytes", None),
             header_timeout=getattr(args, "header_timeout", None),
             body_timeout=getattr(args, "body_timeout", None),
+            reports_per_key_per_hour=getattr(args, "reports_per_key_per_hour", None),
         )
         settings = replace(settings, database=absolute_database(settings.database))
         if args.command == "serve":

@@ -6,8 +6,8 @@ HTTP; ``PROBLEMS`` says, for each exception type, which problem document
 exception's message as the detail. The ``errors`` list names one field (``Fixed`` with
 ``field``), or is the exception's own list of located problems (``Located``: the
 invalid reports of a batch, the field of a federated request at fault). Unavailable
-storage is a 503 with ``Retry-After`` (``Unavailable``), and a secure aggregation step
-asked for too early a 425 with ``Retry-After`` (``Early``).
+storage is a 503 with ``Retry-After``, a secure aggregation step asked for too early a 425
+and a device key past its quota a 429, each with ``Retry-After`` (``Retry``).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from aggregator.federated import (
 )
 from aggregator.ingest import BatchRejected, BatchTooLargeError, InvalidBatchError
 from aggregator.problems import ProblemError, problem_response
+from aggregator.quotas import QuotaExceededError
 from aggregator.service import (
     InvalidEstimateError,
     InvalidMetricError,
@@ -79,29 +80,20 @@ class Located:
 
 
 @dataclass(frozen=True)
-class Unavailable:
-    """503: the storage cannot serve now; ``Retry-After`` is the error's ``retry_after``."""
+class Retry:
+    """A problem to retry later: 503 (the storage cannot serve now), 425 (a secure
+    aggregation step still collecting) or 429 (a device key's quota spent);
+    ``Retry-After`` is the error's ``retry_after``, the errors list its ``problems``."""
 
+    status: int
     kind: str
     title: str
 
     def __call__(self, error: Exception) -> ProblemError:
-        assert isinstance(error, StorageUnavailableError)
-        headers = {"Retry-After": str(error.retry_after)}
-        return ProblemError(503, self.kind, self.title, str(error), headers=headers)
-
-
-@dataclass(frozen=True)
-class Early:
-    """425 Too Early: a step still collecting; ``Retry-After`` is the error's ``retry_after``."""
-
-    kind: str
-    title: str
-
-    def __call__(self, error: Exception) -> ProblemError:
-        assert isinstance(error, TooEarlyError)
-        headers = {"Retry-After": str(error.retry_after)}
-        return ProblemError(425, self.kind, self.title, str(error), error.problems, headers)
+        retry_after = getattr(error, "retry_after")  # noqa: B009 (every such error has it)
+        headers = {"Retry-After": str(retry_after)}
+        problems = getattr(error, "problems", None)
+        return ProblemError(self.status, self.kind, self.title, str(error), problems, headers)
 
 
 #: Every domain exception a route lets through, and the problem document answering it.
@@ -113,7 +105,8 @@ PROBLEMS: dict[type[Exception], Callable[[Exception], ProblemError]] = {
     NotDiscoveryMetricError: Fixed(422, "not-a-discovery-metric", "Not a discovery metric"),
     InvalidKeyRequestError: Fixed(422, "invalid-key-request", "Invalid key request", "label"),
     UnknownKeyError: Fixed(404, "unknown-key", "Unknown key"),
-    StorageUnavailableError: Unavailable("storage-unavailable", "Storage unreachable"),
+    StorageUnavailableError: Retry(503, "storage-unavailable", "Storage unreachable"),
+    QuotaExceededError: Retry(429, "quota-exceeded", "Too Many Requests"),
     InvalidBatchError: Located(422, "invalid-batch", InvalidBatchError.summary),
     BatchTooLargeError: Located(413, "too-large", BatchTooLargeError.summary),
     UnknownTaskError: Located(404, "unknown-task", "Unknown task"),
@@ -124,7 +117,7 @@ PROBLEMS: dict[type[Exception], Callable[[Exception], ProblemError]] = {
     NotEnoughUpdatesError: Located(409, "not-enough-updates", "Not enough updates"),
     InvalidUpdateError: Located(422, "invalid-update", "Invalid update"),
     AggregationModeError: Located(409, "aggregation-mode", "Other aggregation"),
-    TooEarlyError: Early("too-early", "Step still collecting"),
+    TooEarlyError: Retry(425, "too-early", "Step still collecting"),
     ConflictingMessageError: Located(409, "conflicting-message", "Conflicting message"),
     InvalidMessageError: Located(422, "invalid-message", "Invalid secure aggregation message"),
 }

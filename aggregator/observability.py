@@ -40,6 +40,22 @@ REPORTS_REJECTED = Counter(
     ["reason"],
 )
 BATCHES_REJECTED = Counter("ldp_batches_rejected", "Batches refused, by reason.", ["reason"])
+REPORTS_BY_KEY = Counter(
+    "ldp_reports_by_key",
+    "Reports offered per device key id (stored or duplicate): one key standing for many "
+    "devices shows here.",
+    ["key"],
+)
+QUOTA_REFUSALS = Counter(
+    "ldp_quota_refusals",
+    "Batches refused with 429 because a device key passed its hourly quota, by key and metric.",
+    ["key", "metric"],
+)
+REPORTS_REFUSED_BY_RULE = Counter(
+    "ldp_reports_refused_by_rule",
+    "Reports no honest device sends (a mechanism's refusal rule), by metric and rule.",
+    ["metric", "rule"],
+)
 INGEST_SECONDS = Histogram(
     "ldp_ingest_seconds",
     "Time to validate and durably store one batch.",

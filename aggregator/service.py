@@ -10,6 +10,7 @@ uses; one set per process.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -38,6 +39,7 @@ from aggregator.estimates import (
 from aggregator.federated import Federated
 from aggregator.ingest import BatchTooLargeError, ReportsRefusedError, prepare, utc_now
 from aggregator.integrity import integrity_fields
+from aggregator.quotas import KeyQuotas, Reservation
 from aggregator.registry import check_metric_name
 from aggregator.repositories.metrics import MetricsRepository
 from aggregator.repositories.reports import PROFILE, STATS, PartialRow, ReportsRepository
@@ -128,12 +130,14 @@ class Aggregator:
         metrics: MetricsRepository,
         reports: ReportsRepository,
         health: StorageHealth,
+        quotas: KeyQuotas | None = None,
     ) -> None:
         self.settings = settings
         self.catalog = catalog
         self._metrics = metrics
         self._reports = reports
         self._health = health
+        self._quotas = quotas
 
     def ping(self) -> str:
         """The storage dialect's name when the storage can serve now, else
@@ -170,9 +174,13 @@ class Aggregator:
             if self.catalog.get(name) is None:
                 self.define(name, definition)
 
-    def ingest(self, batch: ReportBatch, now: datetime | None = None) -> IngestResult:
+    def ingest(
+        self, batch: ReportBatch, now: datetime | None = None, key_id: str | None = None
+    ) -> IngestResult:
         """Validate, then store every report of ``batch`` or none: ``BatchTooLargeError``
-        past ``max_batch_reports``, ``InvalidBatchError`` naming every invalid report."""
+        past ``max_batch_reports``, ``InvalidBatchError`` naming every invalid report, and
+        with quotas set ``QuotaExceededError`` when the device key ``key_id`` would pass
+        its hourly quota of a metric (a batch then not stored is refunded)."""
         if len(batch.reports) > self.settings.max_batch_reports:
             raise BatchTooLargeError(
                 [
@@ -193,7 +201,16 @@ class Aggregator:
         except ReportsRefusedError as refused:
             self._record_refusals(refused)
             raise
-        accepted, duplicates = self._reports.ingest(prepared.ids, prepared.fold)
+        reservation = None
+        if self._quotas is not None and key_id is not None:
+            counts = Counter(report.metric for report in batch.reports)
+            reservation = self._quotas.reserve(key_id, dict(counts), now.timestamp())
+        try:
+            accepted, duplicates = self._reports.ingest(prepared.ids, prepared.fold)
+        except StorageUnavailableError:
+            if reservation is not None:
+                _refund(reservation)
+            raise
         return IngestResult(accepted=accepted, duplicates=duplicates + repeated)
 
     def _record_refusals(self, refused: ReportsRefusedError) -> None:
@@ -429,6 +446,15 @@ class Aggregator:
         return CompactionResult(groups, merged)
 
 
+def _refund(reservation: Reservation) -> None:
+    """Refund a batch the storage did not take, if the storage takes the refund (else the
+    reports stay counted: a quota errs towards refusing)."""
+    try:
+        reservation.refund()
+    except StorageUnavailableError:
+        pass
+
+
 def _merger(mechanism: Mechanism[Any], kind: str) -> Callable[[list[bytes]], tuple[int, bytes]]:
     """How compaction merges serialized rows of ``kind``: the mechanism's statistics, or
     profiles (count vectors)."""
@@ -472,8 +498,10 @@ class Services:
         """The services over ``repositories`` (which the caller closes)."""
         health = StorageHealth(repositories.database, repositories.reports)
         catalog = Catalog(repositories.metrics)
+        limit = settings.reports_per_key_per_hour
+        quotas = KeyQuotas(repositories.key_usage, limit) if limit else None
         aggregator = Aggregator(
-            settings, catalog, repositories.metrics, repositories.reports, health
+            settings, catalog, repositories.metrics, repositories.reports, health, quotas
         )
         return cls(
             repositories, aggregator, Federated(repositories.tasks), KeyRing(repositories.keys)

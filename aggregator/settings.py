@@ -73,6 +73,9 @@ class Settings:
     #: Analyst estimates (estimate, series, heavy hitters) computed at once; more wait their
     #: turn, so the memory they take is bounded by this many times one request's.
     max_concurrent_estimates: int = 2
+    #: Reports each device key may send per metric per hour (0: no quota); past it a batch
+    #: is answered 429 with Retry-After (``aggregator.quotas``).
+    reports_per_key_per_hour: int = 0
 
     def __post_init__(self) -> None:
         positive = (
@@ -105,6 +108,11 @@ class Settings:
                 f"max_body_bytes_in_flight ({self.max_body_bytes_in_flight}) must be at least "
                 f"the largest body limit ({largest}), or no body of the largest size could "
                 "ever be received"
+            )
+        if self.reports_per_key_per_hour < 0:
+            raise ValueError(
+                "reports_per_key_per_hour must be >= 0 (0: no quota), got "
+                f"{self.reports_per_key_per_hour}"
             )
         if self.min_reports < 1:
             raise ValueError(f"min_reports must be at least 1, got {self.min_reports}")

@@ -26,6 +26,7 @@ from aggregator.repositories.database import (
 )
 from aggregator.repositories.keys import KeysRepository
 from aggregator.repositories.metrics import MetricsRepository
+from aggregator.repositories.quotas import KeyUsageRepository
 from aggregator.repositories.reports import PartialRow, ReportsRepository
 from aggregator.repositories.tasks import TasksRepository
 
@@ -44,13 +45,14 @@ logger = logging.getLogger("ldp.aggregator")
 
 @dataclass(frozen=True)
 class Repositories:
-    """The metrics, keys, reports and tasks repositories over one ``Database``."""
+    """The metrics, keys, reports, tasks and key usage repositories over one ``Database``."""
 
     database: Database
     metrics: MetricsRepository
     keys: KeysRepository
     reports: ReportsRepository
     tasks: TasksRepository
+    key_usage: KeyUsageRepository
 
     @classmethod
     def open(cls, url: str, timeout: float = DEFAULT_TIMEOUT, create: bool = True) -> Repositories:
@@ -63,6 +65,7 @@ class Repositories:
             KeysRepository(database),
             ReportsRepository(database),
             TasksRepository(database),
+            KeyUsageRepository(database),
         )
 
     def close(self) -> None:

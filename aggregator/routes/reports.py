@@ -21,8 +21,9 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import Field, ValidationError, create_model
 
 from aggregator import observability as obs
-from aggregator.deps import Service, require_device
-from aggregator.ingest import BatchRejected, BatchTooLargeError
+from aggregator.deps import Device, Service, require_device
+from aggregator.ingest import BatchRejected, BatchTooLargeError, ReportsRefusedError
+from aggregator.quotas import QuotaExceededError
 from aggregator.service import Aggregator
 from shared.schemas import IngestResult, Report, ReportBatch
 
@@ -41,7 +42,7 @@ router = APIRouter(prefix="/v1/reports", tags=["reports"], dependencies=[Depends
         }
     },
 )
-async def post_reports(request: Request, service: Service) -> Response:
+async def post_reports(request: Request, service: Service, device: Device) -> Response:
     """A batch of reports, stored atomically (all or none) and acknowledged after commit.
     A ``report_id`` already accepted is ignored and counted in ``duplicates``."""
     # Async, where the other endpoints are plain functions: it reads the raw body as it
@@ -52,7 +53,7 @@ async def post_reports(request: Request, service: Service) -> Response:
     # Validated and stored off the event loop (which goes on serving other requests
     # meanwhile), in one trip to the thread pool.
     validations = request.app.state.validations
-    result = await run_in_threadpool(_ingest, service, body, validations)
+    result = await run_in_threadpool(_ingest, service, body, validations, device.key_id)
     obs.INGEST_SECONDS.observe(time.perf_counter() - started)
     return Response(result.model_dump_json(), media_type="application/json")
 
@@ -85,9 +86,10 @@ def batch_model(limit: int) -> type[ReportBatch]:
 
 
 def _ingest(
-    service: Aggregator, body: bytearray, validations: threading.BoundedSemaphore
+    service: Aggregator, body: bytearray, validations: threading.BoundedSemaphore, key_id: str
 ) -> IngestResult:
-    """Validate ``body`` as a ``ReportBatch`` and ingest it, counting the outcome.
+    """Validate ``body`` as a ``ReportBatch`` and ingest it for the device key ``key_id``,
+    counting the outcome (per key too, and refusals per rule and quota).
 
     A batch over ``max_batch_reports`` raises ``BatchTooLargeError``; a body that is not
     a valid batch, ``RequestValidationError`` (located at ``body``, like FastAPI's own);
@@ -115,11 +117,19 @@ def _ingest(
             ) from None
         obs.BATCHES_REJECTED.labels("malformed").inc()
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in errors]) from None
+    obs.REPORTS_BY_KEY.labels(key_id).inc(len(batch.reports))
     try:
-        result = service.ingest(batch)
+        result = service.ingest(batch, key_id=key_id)
     except BatchRejected as rejected:  # counted here, answered by its problem document
         obs.REPORTS_REJECTED.labels(rejected.reason).inc(len(batch.reports))
         obs.BATCHES_REJECTED.labels(rejected.reason).inc()
+        if isinstance(rejected, ReportsRefusedError):
+            for (metric, rule), reports in rejected.by_rule.items():
+                obs.REPORTS_REFUSED_BY_RULE.labels(metric, rule).inc(reports)
+        raise
+    except QuotaExceededError as over:
+        obs.QUOTA_REFUSALS.labels(key_id, over.metric).inc()
+        obs.BATCHES_REJECTED.labels("quota").inc()
         raise
     obs.REPORTS_ACCEPTED.inc(result.accepted)
     obs.REPORTS_DUPLICATE.inc(result.duplicates)
