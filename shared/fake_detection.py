@@ -103,7 +103,7 @@ import numpy as np
 
 from shared.mechanisms.base import Mechanism
 from shared.mechanisms.categorical import CategoricalMechanism
-from shared.mechanisms.olh import OptimizedLocalHashing
+from shared.mechanisms.olh import OptimizedLocalHashing, inverse_mod
 from shared.mechanisms.unary import UnaryEncoding
 
 #: Largest expected share of honest reports flagged: fixes the least itemset size k0.
@@ -266,7 +266,7 @@ def _olh_three_wise_excess(
     else:
         witnesses = np.argsort(-weights)[:per_w]
     u, v, w = items[:, None, None], items[None, :, None], items[None, None, witnesses]
-    lam = (w - u) % prime * _inverse_mod((v - u) % prime, prime) % prime
+    lam = (w - u) % prime * inverse_mod((v - u) % prime, prime) % prime
     distinct, where = np.unique(lam, return_inverse=True)
     tau = triple_collision(prime, mechanism.buckets, distinct)[where.reshape(-1)].reshape(lam.shape)
     tau_bar = mean_triple_collision(prime, mechanism.buckets)
@@ -293,19 +293,6 @@ def mean_triple_collision(prime: int, buckets: int) -> float:
     collision = float(np.sum(sizes * (sizes - 1))) / pairs
     total = float(np.sum(sizes * sizes * (sizes - 1))) / pairs
     return (total - 2 * collision) / (prime - 2)
-
-
-def _inverse_mod(values: np.ndarray, prime: int) -> np.ndarray:
-    """values^(P - 2) mod P (Fermat): the inverse of each nonzero residue, 0 for 0."""
-    result = np.ones_like(values)
-    base = values % prime
-    exponent = prime - 2
-    while exponent:
-        if exponent & 1:
-            result = result * base % prime
-        base = base * base % prime
-        exponent >>= 1
-    return result
 
 
 def _binomial_tail(trials: int, q: float, at_least: int) -> float:

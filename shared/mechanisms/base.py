@@ -27,8 +27,8 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
-from shared.mechanisms.abilities import FRESH, DeviceContext
 from shared.integrity import RefusalRule, ReportRefusedError
+from shared.mechanisms.abilities import FRESH, DeviceContext
 from shared.mechanisms.spec import MechanismSpec
 from shared.randomness import Rng
 from shared.statistics import CountStatistics, MomentStatistics

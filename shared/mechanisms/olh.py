@@ -235,7 +235,7 @@ class OptimizedLocalHashing(CategoricalMechanism):
         prime, g = self.prime, self.buckets
         for start in range(0, reports.shape[0], _AGGREGATE_CHUNK):
             a, b, y = reports[start : start + _AGGREGATE_CHUNK].T
-            inverse = _inverse_mod(a, prime)
+            inverse = inverse_mod(a, prime)
             terms = np.where(y < prime, (prime - 1 - y) // g + 1, 0)  # t = y, y+g, ... < P
             total_steps, least_steps = int(terms.max()), int(terms.min())
             width = max(1, min(total_steps, max(prime, _BLOCK_ITEMS) // a.size))
@@ -293,7 +293,7 @@ class OptimizedLocalHashing(CategoricalMechanism):
         return self.check_reports(np.stack(columns, axis=1).reshape(len(payloads), 3))
 
 
-def _inverse_mod(a: np.ndarray, prime: int) -> np.ndarray:
+def inverse_mod(a: np.ndarray, prime: int) -> np.ndarray:
     """a^-1 mod prime for every a in 1..prime-1: a^(prime-2) by square-and-multiply."""
     result = np.ones_like(a)
     base = a % prime

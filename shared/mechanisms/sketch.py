@@ -180,7 +180,12 @@ from shared.mechanisms.strings import (
     string_population,
     utf8_values,
 )
-from shared.mechanisms.unary import BinomialSum, OnesCountProfile, OnesCountRefusal
+from shared.mechanisms.unary import (
+    BinomialSum,
+    OnesCountProfile,
+    OnesCountRefusal,
+    ones_count_test_of,
+)
 from shared.randomness import (
     BITS53,
     RandomSource,
@@ -480,14 +485,10 @@ class CountMeanSketch(OnesCountRefusal, SketchMechanism, OnesCountProfile):
 
     def ones_count_laws(self) -> tuple[BinomialSum, BinomialSum]:
         """The one law of every string and row, twice: the rule's tails are exact."""
-        law = self.ones_count_law()
-        return law, law
+        return self.ones_count_law(), self.ones_count_law()
 
     def ones_count_test(self) -> str:
-        return (
-            f"ones per report against Bernoulli({self.p:.6g}) + "
-            f"Binomial({self.width - 1}, {self.q:.6g})"
-        )
+        return ones_count_test_of(self.ones_count_law())
 
     def report_bit_rows(self, reports: np.ndarray) -> np.ndarray:
         """The reports' packed sign bits."""

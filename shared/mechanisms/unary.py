@@ -295,6 +295,16 @@ class OnesCountRefusal:
         return f"{ones} of the {self.ones_count_bounds.bits} bits set"
 
 
+def ones_count_test_of(law: BinomialSum) -> str:
+    """``FitTest.test`` of a count of ones with law ``law``: "ones per report against
+    Bernoulli(p) + Binomial(m, q)"."""
+    terms = [
+        f"Bernoulli({p:.6g})" if trials == 1 else f"Binomial({trials}, {p:.6g})"
+        for trials, p in law
+    ]
+    return "ones per report against " + " + ".join(terms)
+
+
 class OnesCountProfile:
     """The ``Profiled`` ability of a bit-vector mechanism whose count of ones has one law
     for every input and device state (``ones_count_law``): the profile is the histogram of
@@ -385,14 +395,10 @@ class UnaryEncoding(OnesCountRefusal, CategoricalMechanism):
 
     def ones_count_laws(self) -> tuple[BinomialSum, BinomialSum]:
         """The one law of every input, twice: the rule's tails are exact."""
-        law = self.ones_count_law()
-        return law, law
+        return self.ones_count_law(), self.ones_count_law()
 
     def ones_count_test(self) -> str:
-        return (
-            f"ones per report against Bernoulli({self.p:.6g}) + "
-            f"Binomial({self.domain_size - 1}, {self.q:.6g})"
-        )
+        return ones_count_test_of(self.ones_count_law())
 
     def encode(self, values: Any, rng: Rng = None, context: DeviceContext = FRESH) -> np.ndarray:
         values = as_index_array(values, self.domain_size)

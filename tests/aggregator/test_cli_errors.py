@@ -27,6 +27,9 @@ from aggregator.registry import DEMO_METRICS
 from aggregator.settings import Settings
 from shared.schemas import MechanismSpec, MetricSpec
 
+#: Every test here starts a real server process or CLI: the slow lane.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 PREFIX = "ldp-aggregator: error: "
 
@@ -100,7 +103,6 @@ def test_a_missing_directory_is_refused_not_created(
     assert not missing.exists()
 
 
-@pytest.mark.slow
 def test_a_relative_sqlite_url_is_explained(
     cli: Callable[..., subprocess.CompletedProcess[str]], tmp_path: Path
 ) -> None:
@@ -150,7 +152,6 @@ def test_a_port_in_use_is_refused_before_anything_is_done(
 
 
 @pytest.mark.parametrize("port", ["-1", "65536"])
-@pytest.mark.slow
 def test_a_port_out_of_range_is_refused(
     cli: Callable[..., subprocess.CompletedProcess[str]], tmp_path: Path, port: str
 ) -> None:
@@ -161,7 +162,6 @@ def test_a_port_out_of_range_is_refused(
 # --- what a start prints ----------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_every_start_says_where_it_listens_what_it_serves_and_how_to_recover_a_key(
     start_server: Callable[..., Any], tmp_path: Path
 ) -> None:

@@ -23,6 +23,9 @@ import pytest
 from tests.distribution_checks import normal_bound
 from tests.support import fleet_client
 
+#: Every test here starts a real server process or CLI: the slow lane.
+pytestmark = pytest.mark.slow
+
 THEMES = ["light", "dark", "system"]
 SIZES = ["small", "medium", "large"]
 DISPLAY = {
@@ -54,7 +57,6 @@ def record(server: Any, state_dir: Path, rows: list[tuple[int, int, float, str]]
         return client.flush(timeout=60.0)
 
 
-@pytest.mark.slow
 def test_attribute_records_reach_consistent_estimates_that_agree_with_the_truth(
     aggregator: Any, tmp_path: Path
 ) -> None:

@@ -25,6 +25,9 @@ from client.outbox import Outbox
 from tests.distribution_checks import normal_bound
 from tests.support import fleet_client
 
+#: Every test here starts a real server process or CLI: the slow lane.
+pytestmark = pytest.mark.slow
+
 DIMS = {"platform": ["android", "ios"], "version": ["1.0", "2.0"]}
 CELLS = [dict(zip(DIMS, combo, strict=True)) for combo in itertools.product(*DIMS.values())]
 LABELS = ["light", "dark", "system"]
@@ -64,7 +67,6 @@ def record_cell(
         return client.flush(timeout=60.0)
 
 
-@pytest.mark.slow
 def test_devices_with_dimensions_estimate_by_agrees_with_each_cell(
     aggregator: Any, tmp_path: Path
 ) -> None:
@@ -164,7 +166,6 @@ def test_a_bad_dimension_sent_raw_is_a_422_naming_it_and_changes_nothing(
     assert get(aggregator, "theme", by="platform").json() == before  # nothing stored
 
 
-@pytest.mark.slow
 def test_dimensions_stay_with_queued_reports_across_a_restart(
     aggregator: Any, tmp_path: Path
 ) -> None:

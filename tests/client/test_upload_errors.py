@@ -40,6 +40,9 @@ from client import (
 from client.outbox import Outbox
 from client.transport import Uploader
 
+#: Every test here starts a real server process or CLI: the slow lane.
+pytestmark = pytest.mark.slow
+
 #: Upload interval that keeps the background thread asleep unless it is woken.
 QUIET = 3600.0
 #: Deadline for waiting on the background thread (reached only if it hangs).

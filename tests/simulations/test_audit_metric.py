@@ -170,6 +170,7 @@ def test_a_distribution_metric_is_audited_through_sdk_devices(name: str) -> None
         assert abs(hits - trials * p) <= Z * math.sqrt(trials * p * (1 - p)), (name, hits, p)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "fields",
     [
@@ -300,6 +301,7 @@ def _feature(mechanism: str, reports: np.ndarray) -> np.ndarray:
     return np.asarray(reports, dtype=np.int64)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "devices"), [("grr", 3000), ("oue", 3000), ("lgrr", 200)])
 def test_the_sdk_and_the_batch_path_give_one_output_distribution(name: str, devices: int) -> None:
     """grr and oue draw one report by their own scalar code on a device; lgrr's memo is the
@@ -319,6 +321,7 @@ def test_the_sdk_and_the_batch_path_give_one_output_distribution(name: str, devi
     assert p_value > 1e-6, (name, table)
 
 
+@pytest.mark.slow
 def test_rappor_through_the_sdk_hits_the_event_as_often_as_the_batch() -> None:
     """record_string: each device's secret, cohort and permanent response its own."""
     metric = metric_for(spec("rappor", 2.0))
@@ -330,6 +333,7 @@ def test_rappor_through_the_sdk_hits_the_event_as_often_as_the_batch() -> None:
     assert abs(hits - 150 * p0) <= Z * math.sqrt(150 * p0 * (1 - p0))
 
 
+@pytest.mark.slow
 def test_an_sdk_audit_runs_every_view_through_devices() -> None:
     results = audit_metric(
         metric_for(spec("onebitmean", 2.0)), trials=40, lifetime_reports=3, path="sdk"
@@ -416,6 +420,7 @@ def test_one_run_bound_matches_its_closed_form_without_delta() -> None:
 # --- the command --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_sweep_writes_a_table_csv_json_and_plot(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
