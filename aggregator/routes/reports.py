@@ -117,7 +117,6 @@ def _ingest(
             ) from None
         obs.BATCHES_REJECTED.labels("malformed").inc()
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in errors]) from None
-    obs.REPORTS_BY_KEY.labels(key_id).inc(len(batch.reports))
     try:
         result = service.ingest(batch, key_id=key_id)
     except BatchRejected as rejected:  # counted here, answered by its problem document
@@ -131,6 +130,7 @@ def _ingest(
         obs.QUOTA_REFUSALS.labels(key_id, over.metric).inc()
         obs.BATCHES_REJECTED.labels("quota").inc()
         raise
+    obs.REPORTS_BY_KEY.labels(key_id).inc(result.accepted + result.duplicates)
     obs.REPORTS_ACCEPTED.inc(result.accepted)
     obs.REPORTS_DUPLICATE.inc(result.duplicates)
     return result
