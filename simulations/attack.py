@@ -199,9 +199,7 @@ def _cell(
     return rows
 
 
-def _numeric_estimate(
-    mechanism: Mechanism[Any], reports: np.ndarray, defence: str
-) -> float | None:
+def _numeric_estimate(mechanism: Mechanism[Any], reports: np.ndarray, defence: str) -> float | None:
     numeric = as_numeric(mechanism)
     assert numeric is not None
     if defence == "refusal" or defence == "robust":

@@ -270,9 +270,44 @@ def _training(data: Dataset, defaults: ModeDefaults, mode: str) -> dict[str, Any
     }
 
 
-#: What a malicious client does to its local update before privatizing it (given the update
-#: and the task's clip norm): ``simulations.federated_attack``.
+#: Float rounding allowed above an upload's norm bound, as the aggregator allows it
+#: (``aggregator.federated.NORM_ROUNDING``: clipping lands a few ulps above ``C``).
+UPLOAD_NORM_ROUNDING = 1e-9
+
+#: What a malicious client does to its local update before privatizing it, given the update
+#: and the mode's bound on an upload (:func:`upload_bound`): ``simulations.federated_attack``.
 Poison = Callable[[np.ndarray, float], np.ndarray]
+
+#: The modes whose client clips its update to ``C`` (one user moves the sum by at most C).
+USER_LEVEL_MODES = ("local", "central", "distributed")
+
+
+def upload_bound(mode: str, clip_norm: float, update: np.ndarray) -> float:
+    """The norm an honest client's privatized update is held to before its noise: ``C`` in
+    the user-level modes; in the ``silo`` and ``none`` modes nothing bounds it, and this is
+    the update's own norm (an attack that keeps to it keeps the honest size)."""
+    return clip_norm if mode in USER_LEVEL_MODES else float(np.linalg.norm(update))
+
+
+def _poisoned(
+    updates: list[np.ndarray],
+    holders: list[int],
+    malicious: np.ndarray,
+    poison: Poison,
+    state: TaskState,
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """The malicious holders' updates replaced by ``poison``'s, each as ``(v / k, k)``: a
+    client that skips its own clipping privatizes ``v / k`` at the bound ``C`` and uploads
+    ``k`` times the result, ``k = max(1, ||v|| / C)`` (1 for an attack within the bound and
+    for every honest client, whose uploads are then unchanged, draw for draw)."""
+    scales = np.ones(len(updates))
+    out = list(updates)
+    for row, (update, index) in enumerate(zip(updates, holders, strict=True)):
+        if malicious[index]:
+            forged = poison(update, upload_bound(state.config.mode, state.clip_norm, update))
+            scales[row] = max(1.0, float(np.linalg.norm(forged)) / state.clip_norm)
+            out[row] = forged / scales[row]
+    return out, scales
 
 
 def run_task(
@@ -289,7 +324,11 @@ def run_task(
     (after advertising its keys: at the shares, masked-input or unmasking step, each as
     likely). ``malicious`` (a bool per client) marks the clients whose local update
     ``poison`` replaces before it is privatized (it draws nothing, so a run with and
-    without the attack sample the same rounds)."""
+    without the attack sample the same rounds; one beyond ``C`` is uploaded scaled,
+    :func:`_poisoned`). Uploads are then treated as the aggregator treats them: one whose
+    norm exceeds :meth:`DPConfig.max_upload_norm` is refused (``aggregator.federated.
+    _check_vector``: the local and distributed modes; the central server clips instead,
+    the silo and none modes accept any), a masked secure upload is not checked."""
     rng = np.random.default_rng(seed)
     state = TaskState.start(config)
     model = make_model(config.model)
@@ -316,23 +355,27 @@ def run_task(
             )  # fmt: skip
             for index in holders
         ]
+        scales = np.ones(len(updates))
         if malicious is not None and poison is not None:
-            updates = [
-                poison(update, state.clip_norm) if malicious[index] else update
-                for update, index in zip(updates, holders, strict=True)
-            ]
+            updates, scales = _poisoned(updates, holders, malicious, poison, state)
         evaluation = lambda params: evaluate(model, params, data.test_x, data.test_y)  # noqa: E731
         record: RoundRecord | None
         if config.secure_aggregation is None:
             contributions = [privatize(u, state.dp, state.clip_norm, rng) for u in updates]
+            uploads = np.stack([c.update for c in contributions]) * scales[:, None]
+            bound = state.dp.max_upload_norm(state.clip_norm, state.num_params)
+            accepted = np.linalg.norm(uploads, axis=1) <= bound * (1 + UPLOAD_NORM_ROUNDING)
+            if accepted.sum() < config.min_clients:
+                run.accuracy.append(run.accuracy[-1] if run.accuracy else math.nan)
+                continue  # too few accepted uploads: the service restarts the round
             weights = [len(data.clients[index][0]) for index in holders]
             record = state.close_round(
-                np.stack([c.update for c in contributions]),
-                np.array([c.unclipped for c in contributions]),
-                np.array(weights, dtype=np.float64), rng, evaluation,
+                uploads[accepted],
+                np.array([c.unclipped for c in contributions])[accepted],
+                np.array(weights, dtype=np.float64)[accepted], rng, evaluation,
             )  # fmt: skip
         else:
-            record = _secure_round(state, updates, dropout, rng, evaluation)
+            record = _secure_round(state, updates, scales, dropout, rng, evaluation)
         if record is None:
             run.accuracy.append(run.accuracy[-1] if run.accuracy else math.nan)
             continue  # too few masked inputs or answers: the service restarts the round
@@ -345,6 +388,7 @@ def run_task(
 def _secure_round(
     state: TaskState,
     updates: list[np.ndarray],
+    scales: np.ndarray,
     dropout: float,
     rng: np.random.Generator,
     evaluation: Callable[[np.ndarray], dict[str, float]],
@@ -352,8 +396,10 @@ def _secure_round(
     """One round of a secure task in this process: every device's lattice upload masked
         and the sum unmasked by SecAgg+ (devices dropping at ``dropout``), the round closed from
         that sum; None when the service would restart it: fewer than ``min_clients`` masked
-    inputs, or too few unmasking answers."""
+    inputs, or too few unmasking answers. A device's update coordinates are multiplied by
+    its ``scales`` entry (rounded to the lattice): nobody can check a masked input."""
     rows = np.stack([privatize_on_lattice(u, state.dp, state.clip_norm, rng) for u in updates])
+    rows[:, : state.num_params] = np.rint(rows[:, : state.num_params] * scales[:, None])
     n = rows.shape[0]
     dropouts = Dropouts()
     if dropout > 0:  # drawn only then: without dropouts the run is the plain one, draw for draw

@@ -26,7 +26,11 @@ from simulations.attack import (
     run_numeric_attacks,
 )
 from simulations.attacks import ATTACKS, FORGEABLE, NUMERIC_ATTACKS
-from simulations.federated_attack import MODEL_ATTACKS, run_federated_attack
+from simulations.federated_attack import (
+    FEDERATED_ATTACK_MODES,
+    MODEL_ATTACKS,
+    run_federated_attack,
+)
 from simulations.text import HelpFormatter
 
 __all__ = ["COLUMNS", "NUMERIC_COLUMNS", "register"]
@@ -36,7 +40,7 @@ COLUMNS = (
 ).split()
 NUMERIC_COLUMNS = "mechanism n beta attack defence shift shift_se theory z honest_mse_ratio".split()
 FEDERATED_COLUMNS = (
-    "mode secure fraction attack clean_accuracy attacked_accuracy accuracy_loss"
+    "mode secure server fraction malicious attack clean_accuracy attacked_accuracy accuracy_loss"
 ).split()
 NUMERIC_MECHANISMS = ("laplace", "duchi", "piecewise")
 
@@ -59,7 +63,12 @@ def register(subparsers: Any) -> None:
         help="poisoning: fake devices against the estimates, with and without defences",
         description=DESCRIPTION,
         formatter_class=HelpFormatter,
-        parents=[run_options(reps=(5, "runs per cell (a standard error needs 2)"))],
+        parents=[
+            run_options(
+                reps=(5, "runs per cell (a standard error needs 2)"),
+                out_help="directory for frequency.csv, numeric.csv, federated.csv, results.json",
+            )
+        ],
     )
     parser.add_argument(
         "--mechanisms",
@@ -113,13 +122,25 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--federated",
         action="store_true",
-        help="model-poisoning clients against every federated mode (digits)",
+        help="model-poisoning clients against the --federated-modes (digits)",
     )
     parser.add_argument(
         "--federated-fractions",
         type=list_of(probability(one=False), "fractions"),
         default=[0.0, 0.1, 0.2],
         help="shares of malicious clients (0: the clean run)",
+    )
+    parser.add_argument(
+        "--federated-modes",
+        type=list_of(one_of(FEDERATED_ATTACK_MODES, "mode"), "modes"),
+        default=list(FEDERATED_ATTACK_MODES),
+        help=f"comma-separated, from {','.join(FEDERATED_ATTACK_MODES)}",
+    )
+    parser.add_argument(
+        "--federated-rounds", type=checked(positive_int), default=20, help="training rounds"
+    )
+    parser.add_argument(
+        "--federated-clients", type=checked(positive_int), default=100, help="clients W"
     )
     parser.add_argument(
         "--federated-epsilon",
@@ -131,7 +152,7 @@ def register(subparsers: Any) -> None:
         "--model-attack",
         choices=MODEL_ATTACKS,
         default="sign-flip",
-        help="what malicious clients send (within the norm bound)",
+        help="what malicious clients send (simulations.federated_attack: its docstring)",
     )
     parser.add_argument(
         "--secure-aggregation",
@@ -173,8 +194,10 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(report.format_table(results["numeric"], NUMERIC_COLUMNS))
     if args.federated:
         results["federated"] = run_federated_attack(
-            fractions=args.federated_fractions, attack=args.model_attack,
-            epsilon=args.federated_epsilon, seed=args.seed, secure=args.secure_aggregation,
+            modes=args.federated_modes, fractions=args.federated_fractions,
+            attack=args.model_attack, epsilon=args.federated_epsilon,
+            rounds=args.federated_rounds, clients=args.federated_clients, seed=args.seed,
+            secure=args.secure_aggregation,
         )  # fmt: skip
         print(report.format_table(results["federated"], FEDERATED_COLUMNS))
     if args.out is not None:

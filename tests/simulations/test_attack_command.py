@@ -32,6 +32,31 @@ def test_the_attack_command_prints_and_writes_its_tables(
     assert (tmp_path / "numeric.csv").read_text().startswith("mechanism,")
 
 
+def test_a_tiny_grid_with_federated_clients_runs_from_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        [
+            "attack", "--mechanisms", "grr", "--defences", "none,normalization",
+            "--betas", "0.05", "--domain", "16", "--users", "500", "--targets", "2",
+            "--reps", "2", "--federated", "--federated-modes", "central",
+            "--federated-rounds", "1", "--federated-clients", "10",
+            "--federated-fractions", "0,0.5", "--quiet", "--out", str(tmp_path),
+        ]
+    )  # fmt: skip
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "gain_ratio" in out and "accuracy_loss" in out
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert [row["defence"] for row in results["frequency"]] == ["none", "normalization"]
+    clean, attacked = results["federated"]
+    assert (clean["fraction"], clean["malicious"], clean["accuracy_loss"]) == (0.0, 0, 0.0)
+    assert (attacked["mode"], attacked["malicious"]) == ("central", 5)
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "federated.csv", "frequency.csv", "results.json"
+    ]  # fmt: skip
+
+
 def test_a_bad_option_is_refused_with_its_reason(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["attack", "--attacks", "flood"])
