@@ -15,6 +15,10 @@ theory) / standard error). Defences, each alone:
 * ``detection``: the reports ``shared.fake_detection.detect_fake_reports`` does not flag
   (unary encodings and olh; other mechanisms' reports support one item: not applicable).
 
+The memoized mechanisms (``lgrr``, ``lsue``, ``loue``, ``losue``) take ``epsilon`` as what
+one report reveals (their ``epsilon_report``) and ``epsilon_lifetime`` (default 2 epsilon)
+as the bound per distinct value: the simulation sees one report per device.
+
 Means. n honest devices with values uniform on [lower, upper] and m fake devices sending
 ``numeric_fake_reports``; the shift of a run is the estimate minus the honest devices' true
 mean, against ``expected_shift``. Defences: ``none`` (refusal off: the structural bound),
@@ -37,21 +41,29 @@ import numpy as np
 
 from shared.fake_detection import detect_fake_reports
 from shared.integrity import as_bounded_influence, as_profiled
-from shared.mechanisms import Mechanism, as_categorical, as_numeric, make_mechanism
+from shared.mechanisms import (
+    MECHANISMS,
+    Mechanism,
+    Memoized,
+    as_categorical,
+    as_numeric,
+    make_mechanism,
+)
 from shared.schemas import MechanismSpec
 from simulations.attacks import (
     expected_gain,
     expected_shift,
     fake_reports,
+    family,
     numeric_fake_reports,
 )
 
-__all__ = ["AttackConfig", "run_attacks", "run_numeric_attacks"]
+__all__ = ["AttackConfig", "categorical_mechanism", "run_attacks", "run_numeric_attacks"]
 
 DEFENCES = ("none", "normalization", "refusal", "detection")
 NUMERIC_DEFENCES = ("none", "refusal", "robust")
-#: Mechanisms whose reports support several items, where detection applies.
-DETECTABLE = ("sue", "oue", "olh")
+#: Report families (``simulations.attacks.family``) supporting several items: detection applies.
+DETECTABLE = ("unary", "olh")
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,7 @@ class AttackConfig:
     betas: Sequence[float] = (0.05,)
     defences: Sequence[str] = DEFENCES
     epsilon: float = 1.0
+    epsilon_lifetime: float | None = None
     domain: int = 1024
     users: int = 100_000
     targets: int = 10
@@ -81,6 +94,11 @@ class AttackConfig:
             raise ValueError(f"betas must lie in [0, 1), got {list(self.betas)}")
         if self.reps < 2:
             raise ValueError(f"reps must be at least 2 (a standard error), got {self.reps}")
+        if self.epsilon_lifetime is not None and self.epsilon_lifetime < self.epsilon:
+            raise ValueError(
+                f"epsilon_lifetime must be at least epsilon ({self.epsilon}), "
+                f"got {self.epsilon_lifetime}"
+            )
         if not 1 <= self.targets <= self.domain:
             raise ValueError(f"targets must lie in 1..{self.domain}, got {self.targets}")
         for defence in self.defences:
@@ -98,6 +116,20 @@ def _frequencies(domain: int, zipf: float) -> np.ndarray:
     return weights / weights.sum()
 
 
+def categorical_mechanism(name: str, config: AttackConfig) -> Mechanism[Any]:
+    """``name`` at the config's epsilon and domain (memoized mechanisms: epsilon per report,
+    ``epsilon_lifetime`` or 2 epsilon per value)."""
+    spec: dict[str, Any] = {
+        "mechanism": name,
+        "epsilon": config.epsilon,
+        "domain_size": config.domain,
+    }
+    if name in MECHANISMS and Memoized in MECHANISMS[name].abilities:
+        lifetime = config.epsilon_lifetime or 2.0 * config.epsilon
+        spec |= {"epsilon": lifetime, "epsilon_report": config.epsilon}
+    return make_mechanism(MechanismSpec.model_validate(spec))
+
+
 def _fakes(beta: float, n: int) -> int:
     return round(beta * n / (1.0 - beta))
 
@@ -107,7 +139,7 @@ def _defended(mechanism: Mechanism[Any], reports: np.ndarray, defence: str) -> n
     categorical = as_categorical(mechanism)
     assert categorical is not None
     if defence == "detection":
-        if mechanism.name not in DETECTABLE:
+        if family(mechanism) not in DETECTABLE:
             return None
         reports = reports[~detect_fake_reports(mechanism, reports).flagged]
     elif defence == "refusal":
@@ -133,8 +165,7 @@ def run_attacks(
     targets = np.sort(rng.choice(config.domain, config.targets, replace=False))
     rows = []
     for name in config.mechanisms:
-        spec = {"mechanism": name, "epsilon": config.epsilon, "domain_size": config.domain}
-        mechanism = make_mechanism(MechanismSpec.model_validate(spec))
+        mechanism = categorical_mechanism(name, config)
         for attack in config.attacks:
             for beta in config.betas:
                 if progress is not None:

@@ -23,9 +23,19 @@ attacks differ only in S, the targets a forged report supports on average:
 * ``mga`` (maximal gain): each report supports as many targets as it can. grr: one target
   (S = 1); sue/oue: every target bit set, and enough other random bits for the honest
   expected count of ones, round(p + (d - 1) q) (so the count looks honest), S = r; olh: the
-  hash (a, b) that sends the most targets to one bucket y, found by searching every hash,
-  reported with that y (S = that count, r when some hash sends all targets together);
+  hash (a, b) that sends the most targets to one bucket y, reported with that y (S = that
+  count, r when some hash sends all targets together). The search covers every hash of the
+  family H_{a,b}(v) = ((a v + b) mod P) mod g while (P - 1) P <= 2^21 (P <= 1,448,
+  d <= 1,447), and beyond it a seeded sample of 2^21 hashes (the search a large family
+  leaves an attacker; the best found is a lower bound on the strongest attack, and S is
+  the count the chosen hashes reach, exact either way);
   hr: the index y in the most targets' sets S_t (S = that count).
+
+Families. The reports of ``grr`` and ``lgrr`` are category indices, those of ``sue``,
+``oue``, ``lsue``, ``loue`` and ``losue`` packed bit vectors (unary encodings), ``olh``'s a
+hash (a, b) and a bucket y, ``hr``'s a Hadamard index; the longitudinal ``lgrr`` and
+``l*ue`` are attacked like ``grr`` and the unary encodings at their composite (p*, q*),
+the law one report follows (a fake device has no memo to respect).
 
 Means. A forged report stands for its debiased value v_f, so with a fraction beta forged
 the mean moves from mu to (1 - beta) mu + beta v_f: the shift is beta (v_f - mu).
@@ -50,6 +60,7 @@ __all__ = [
     "expected_gain",
     "expected_shift",
     "fake_reports",
+    "family",
     "numeric_fake_reports",
     "supported_targets",
 ]
@@ -57,34 +68,50 @@ __all__ = [
 ATTACKS = ("random-value", "random-item", "mga")
 NUMERIC_ATTACKS = ("mean-max", "mean-min", "variance")
 #: The mechanisms whose forged reports are crafted here.
-FORGEABLE = ("grr", "sue", "oue", "olh", "hr")
+FORGEABLE = ("grr", "lgrr", "sue", "oue", "lsue", "loue", "losue", "olh", "hr")
+#: Report families: the mechanisms whose reports share a form (by wire name).
+_FAMILIES: dict[str, str] = {
+    "grr": "grr", "lgrr": "grr",
+    "sue": "unary", "oue": "unary", "lsue": "unary", "loue": "unary", "losue": "unary",
+    "olh": "olh",
+    "hr": "hr",
+}  # fmt: skip
+#: olh's hash search: every hash while (P - 1) P is at most this, else a sample this large.
+HASH_SEARCH_LIMIT = 2**21
 
 
-def _check_attack(mechanism: Mechanism[Any], attack: str) -> None:
+def family(mechanism: Mechanism[Any]) -> str:
+    """The form of ``mechanism``'s reports: ``grr`` (category indices: grr, lgrr), ``unary``
+    (packed bits: sue, oue, lsue, loue, losue), ``olh`` or ``hr``; ValueError otherwise."""
+    if mechanism.name in _FAMILIES:
+        return _FAMILIES[mechanism.name]
+    raise ValueError(
+        f"no forged reports for {mechanism.name!r}; attacks cover {', '.join(FORGEABLE)}"
+    )
+
+
+def _check_attack(mechanism: Mechanism[Any], attack: str) -> str:
+    """``mechanism``'s family, once ``attack`` is known to be one."""
     if attack not in ATTACKS:
         raise ValueError(f"unknown attack {attack!r}; expected one of {', '.join(ATTACKS)}")
-    if mechanism.name not in FORGEABLE:
-        raise ValueError(
-            f"no forged reports for {mechanism.name!r}; attacks cover {', '.join(FORGEABLE)}"
-        )
+    return family(mechanism)
 
 
 def fake_reports(
     mechanism: Mechanism[Any], attack: str, targets: np.ndarray, m: int, rng: np.random.Generator
 ) -> np.ndarray:
     """``m`` forged reports of ``attack`` promoting ``targets``, in the mechanism's array form."""
-    _check_attack(mechanism, attack)
+    name = _check_attack(mechanism, attack)
     categorical = as_categorical(mechanism)
     assert categorical is not None
     d = categorical.domain_size
     targets = np.asarray(targets, dtype=np.int64)
     if attack == "random-item":
         return mechanism.encode(rng.choice(targets, m), rng=rng)
-    name = mechanism.name
     if attack == "random-value":
         if name in ("grr", "hr"):  # a uniform category, or a uniform Hadamard index
             return rng.integers(0, mechanism.outputs if name == "hr" else d, m)  # type: ignore[attr-defined]
-        if name in ("sue", "oue"):
+        if name == "unary":
             return np.packbits(rng.integers(0, 2, (m, d), dtype=np.uint8), axis=1)
         prime, g = mechanism.prime, mechanism.buckets  # type: ignore[attr-defined]
         return np.stack(
@@ -92,7 +119,7 @@ def fake_reports(
         )
     if name == "grr":
         return rng.choice(targets, m)
-    if name in ("sue", "oue"):
+    if name == "unary":
         return _mga_unary(categorical.p, categorical.q, d, targets, m, rng)
     if name == "olh":
         return _mga_olh(mechanism, targets, m, rng)
@@ -120,22 +147,36 @@ def _best_hashes(mechanism: Any, targets: np.ndarray) -> tuple[np.ndarray, int]:
     return _hash_search(mechanism.prime, mechanism.buckets, tuple(targets.tolist()))
 
 
+def _candidate_hashes(prime: int) -> np.ndarray:
+    """(H, 2) hashes (a, b) to search: all (P - 1) P of them while that is at most
+    ``HASH_SEARCH_LIMIT``, else that many drawn uniformly (seeded by P: reproducible)."""
+    total = (prime - 1) * prime
+    index = (
+        np.arange(total, dtype=np.int64)
+        if total <= HASH_SEARCH_LIMIT
+        else np.random.default_rng(prime).integers(0, total, HASH_SEARCH_LIMIT)
+    )
+    a, b = np.divmod(index, prime)
+    return np.stack([a + 1, b], axis=1)
+
+
 @functools.lru_cache(maxsize=32)
 def _hash_search(prime: int, g: int, target_tuple: tuple[int, ...]) -> tuple[np.ndarray, int]:
-    """All (P - 1) P hashes searched, 64 values of a at a time: O(P^2 r g)."""
+    """The searched hashes (``_candidate_hashes``) in blocks of 2^16: O(H r) time, the
+    bucket counts per hash by one bincount per block."""
     targets = np.array(target_tuple, dtype=np.int64)
-    b = np.arange(prime)
+    candidates = _candidate_hashes(prime)
     best, rows = -1, list[np.ndarray]()
-    for start in range(1, prime, 64):
-        a = np.arange(start, min(prime, start + 64))
-        hashed = ((a[:, None, None] * targets[None, None, :] + b[None, :, None]) % prime) % g
-        per_bucket = (hashed[..., None] == np.arange(g)).sum(axis=2)  # (a, b, bucket)
+    for block in np.array_split(candidates, -(-len(candidates) // 2**16)):
+        hashed = ((block[:, :1] * targets + block[:, 1:]) % prime) % g  # (hashes, r)
+        slots = (np.arange(len(block))[:, None] * g + hashed).ravel()
+        per_bucket = np.bincount(slots, minlength=len(block) * g).reshape(len(block), g)
         top = int(per_bucket.max())
         if top > best:
             best, rows = top, []
         if top == best:
-            ia, ib, iy = np.nonzero(per_bucket == best)
-            rows.append(np.stack([a[ia], b[ib], iy], axis=1))
+            ih, iy = np.nonzero(per_bucket == best)
+            rows.append(np.column_stack([block[ih], iy]))
     return np.concatenate(rows), best
 
 
@@ -165,11 +206,10 @@ def _mga_hr(mechanism: Mechanism[Any], targets: np.ndarray, m: int) -> np.ndarra
 
 def supported_targets(mechanism: Mechanism[Any], attack: str, targets: np.ndarray) -> float:
     """S: how many targets a forged report of ``attack`` supports on average."""
-    _check_attack(mechanism, attack)
+    name = _check_attack(mechanism, attack)
     categorical = as_categorical(mechanism)
     assert categorical is not None
     p, q, d, r = categorical.p, categorical.q, categorical.domain_size, len(targets)
-    name = mechanism.name
     if attack == "random-item":
         return p + (r - 1) * q
     if attack == "random-value":

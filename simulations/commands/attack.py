@@ -50,10 +50,12 @@ random-item or maximal-gain reports, Cao, Jia and Gong 2021) or moves a mean (me
 mean-min, variance); the table gives the frequency gain of the targets (or the shift of
 the mean) against the attack's theory (z), with each defence: normalization (Norm-Sub),
 refusal (the mechanism's refusal rules), detection (fake users by frequent itemsets, for
-oue, sue and olh), robust (laplace's winsorized mean). gain_ratio: the gain with the
-defence over the gain without; honest_mse_ratio: what the defence costs an honest
-estimate (MSE with it over MSE without, no attack). With --federated, model-poisoning
-clients (updates scaled to the clipping norm) and the accuracy each mode loses."""
+the unary encodings and olh), robust (laplace's winsorized mean). gain_ratio: the gain
+with the defence over the gain without; honest_mse_ratio: what the defence costs an
+honest estimate (MSE with it over MSE without, no attack). The memoized lgrr, lsue, loue
+and losue are attacked one report per device, at --epsilon per report. With --federated,
+model-poisoning clients (updates scaled to the clipping norm) and the accuracy each mode
+loses."""
 
 
 def register(subparsers: Any) -> None:
@@ -94,7 +96,18 @@ def register(subparsers: Any) -> None:
         default=[0.01, 0.05],
         help="fractions of fake devices among all (0.001 to 0.1)",
     )
-    parser.add_argument("--epsilon", type=checked(positive_float), default=1.0)
+    parser.add_argument(
+        "--epsilon",
+        type=checked(positive_float),
+        default=1.0,
+        help="what one report reveals (lgrr, lsue, loue, losue: their epsilon_report)",
+    )
+    parser.add_argument(
+        "--epsilon-lifetime",
+        type=checked(positive_float),
+        default=None,
+        help="lgrr, lsue, loue, losue: the bound per distinct value (default 2 x --epsilon)",
+    )
     parser.add_argument("--domain", type=checked(positive_int), default=1024, help="d")
     parser.add_argument("--users", type=checked(user_count), default=100_000, help="honest devices")
     parser.add_argument("--targets", type=checked(positive_int), default=10, help="r")
@@ -177,7 +190,8 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         config = AttackConfig(
             mechanisms=args.mechanisms, attacks=args.attacks, betas=args.betas,
-            defences=args.defences, epsilon=args.epsilon, domain=args.domain,
+            defences=args.defences, epsilon=args.epsilon,
+            epsilon_lifetime=args.epsilon_lifetime, domain=args.domain,
             users=args.users, targets=args.targets, zipf=args.zipf, reps=args.reps,
             seed=args.seed, numeric=args.numeric, numeric_attacks=args.numeric_attacks,
             numeric_defences=args.numeric_defences,

@@ -16,7 +16,8 @@ def test_the_attack_command_prints_and_writes_its_tables(
 ) -> None:
     code = main(
         [
-            "attack", "--mechanisms", "grr,oue", "--attacks", "mga,random-item",
+            "attack", "--mechanisms", "grr,oue,lsue", "--epsilon-lifetime", "3",
+            "--attacks", "mga,random-item",
             "--defences", "none,normalization,refusal", "--betas", "0.05", "--domain", "64",
             "--users", "2000", "--targets", "3", "--reps", "2", "--numeric", "laplace",
             "--quiet", "--out", str(tmp_path),
@@ -26,7 +27,7 @@ def test_the_attack_command_prints_and_writes_its_tables(
     out = capsys.readouterr().out
     assert "gain_ratio" in out and "honest_mse_ratio" in out and "shift" in out
     results = json.loads((tmp_path / "results.json").read_text())
-    assert len(results["frequency"]) == 2 * 2 * 3  # mechanisms x attacks x defences
+    assert len(results["frequency"]) == 3 * 2 * 3  # mechanisms x attacks x defences
     assert {row["defence"] for row in results["numeric"]} == {"none", "refusal", "robust"}
     assert (tmp_path / "frequency.csv").read_text().startswith("mechanism,")
     assert (tmp_path / "numeric.csv").read_text().startswith("mechanism,")

@@ -11,11 +11,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shared.mechanisms import make_mechanism
+from shared.mechanisms import as_memoized, make_mechanism
 from shared.schemas import MechanismSpec
-from simulations.attack import AttackConfig, run_attacks, run_numeric_attacks
+from simulations import attacks
+from simulations.attack import AttackConfig, categorical_mechanism, run_attacks, run_numeric_attacks
 from simulations.attacks import (
     ATTACKS,
+    FORGEABLE,
     expected_gain,
     fake_reports,
     numeric_fake_reports,
@@ -26,8 +28,7 @@ Z_MAX = 3.5
 
 
 def mechanism(name: str, d: int = 256, epsilon: float = 1.0):  # type: ignore[no-untyped-def]
-    spec = {"mechanism": name, "epsilon": epsilon, "domain_size": d}
-    return make_mechanism(MechanismSpec.model_validate(spec))
+    return categorical_mechanism(name, AttackConfig(domain=d, epsilon=epsilon))
 
 
 @pytest.mark.parametrize("name", ["grr", "oue", "olh"])
@@ -42,7 +43,7 @@ def test_the_maximal_gain_attack_moves_the_targets_as_cao_et_al_predict(name: st
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["grr", "sue", "oue", "olh", "hr"])
+@pytest.mark.parametrize("name", FORGEABLE)
 def test_every_attack_matches_its_theory(name: str) -> None:
     config = AttackConfig(
         mechanisms=(name,), attacks=ATTACKS, betas=(0.02, 0.1), defences=("none",),
@@ -52,7 +53,7 @@ def test_every_attack_matches_its_theory(name: str) -> None:
         assert abs(row["z"]) <= Z_MAX, row
 
 
-@pytest.mark.parametrize("name", ["grr", "sue", "oue", "olh", "hr"])
+@pytest.mark.parametrize("name", FORGEABLE)
 @pytest.mark.parametrize("attack", ATTACKS)
 def test_forged_reports_support_the_targets_they_are_said_to(name: str, attack: str) -> None:
     """S, the targets a forged report supports on average, against 4,000 forged reports:
@@ -66,6 +67,57 @@ def test_forged_reports_support_the_targets_they_are_said_to(name: str, attack: 
     supported = mech.support_counts(mech.aggregate(forged))[targets].sum() / 4_000
     expected = supported_targets(mech, attack, targets)
     assert abs(supported - expected) <= 5 * np.sqrt(6 / 4 / 4_000), (supported, expected)
+
+
+def test_the_memoized_mechanisms_are_attacked_at_epsilon_per_report() -> None:
+    lsue = as_memoized(categorical_mechanism("lsue", AttackConfig(domain=64, epsilon=1.0)))
+    assert lsue is not None and (lsue.epsilon_report, lsue.epsilon_lifetime) == (1.0, 2.0)
+    lgrr = as_memoized(categorical_mechanism("lgrr", AttackConfig(domain=64, epsilon_lifetime=3)))
+    assert lgrr is not None and (lgrr.epsilon_report, lgrr.epsilon_lifetime) == (1.0, 3.0)
+    with pytest.raises(ValueError, match="epsilon_lifetime"):
+        AttackConfig(epsilon=2.0, epsilon_lifetime=1.0)
+
+
+def _brute_force_hashes(
+    prime: int, g: int, targets: np.ndarray
+) -> tuple[set[tuple[int, ...]], int]:
+    """Every (a, b, y) sending the most targets to bucket y, hash by hash."""
+    best, rows = -1, set[tuple[int, ...]]()
+    for a in range(1, prime):
+        for b in range(prime):
+            counts = np.bincount((a * targets + b) % prime % g, minlength=g)
+            if counts.max() > best:
+                best, rows = int(counts.max()), set()
+            if counts.max() == best:
+                rows |= {(a, b, int(y)) for y in np.flatnonzero(counts == best)}
+    return rows, best
+
+
+def test_the_olh_hash_search_finds_every_best_hash() -> None:
+    olh = mechanism("olh", d=40)  # P = 41, g = 4: 1,640 hashes
+    targets = np.array([0, 3, 7, 12, 20, 33])
+    rows, best = attacks._best_hashes(olh, targets)
+    assert ({tuple(row) for row in rows.tolist()}, best) == _brute_force_hashes(41, 4, targets)
+
+
+def test_beyond_its_limit_the_olh_hash_search_samples_and_stays_exact(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the limit below (P - 1) P the search samples hashes; every row it returns still
+    sends exactly S targets to its bucket, and no hash of the family does better. (Its
+    remembered result is forgotten before and after: the limit is this test's.)"""
+    monkeypatch.setattr(attacks, "HASH_SEARCH_LIMIT", 500)
+    olh = mechanism("olh", d=40)
+    targets = np.array([1, 4, 9, 16, 25, 36])
+    attacks._hash_search.cache_clear()
+    try:
+        rows, best = attacks._best_hashes(olh, targets)
+    finally:
+        attacks._hash_search.cache_clear()
+    assert attacks._candidate_hashes(41).shape == (500, 2)  # sampled, not all 1,640
+    hashed = (rows[:, :1] * targets + rows[:, 1:2]) % 41 % 4
+    assert ((hashed == rows[:, 2:]).sum(axis=1) == best).all()
+    assert best <= _brute_force_hashes(41, 4, targets)[1]
 
 
 def test_maximal_gain_unary_reports_look_honest_to_the_ones_count_rule() -> None:
