@@ -7,16 +7,22 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
+from prometheus_client import REGISTRY
 
 from aggregator.quotas import KeyQuotas, QuotaExceededError
+from aggregator.repositories.availability import StorageUnavailableError
 from aggregator.repositories.database import Database
 from aggregator.repositories.quotas import KeyUsageRepository
 from aggregator.settings import Settings
+from shared.mechanisms import make_mechanism
+from shared.schemas import MechanismSpec
 from tests.aggregator.test_api import Api, assert_problem, hour, iso, reports, running
 
 HOUR = 500_000
 GRR = {"mechanism": "grr", "epsilon": 1.0, "domain_size": 4}
+OUE = {"mechanism": "oue", "epsilon": 1.0, "domain_size": 64}
 
 
 @pytest.fixture
@@ -81,23 +87,83 @@ def quota_api(tmp_path: Path) -> Iterator[Api]:
         yield service
 
 
+def sample(name: str, **labels: str) -> float:
+    """A counter's value in the process's registry (0 before its first increment)."""
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def key_ids(api: Api) -> dict[str, str]:
+    """The device key ids by label."""
+    listed = api.client.get("/v1/keys", headers=api.auth("admin")).json()
+    return {entry["label"]: entry["key_id"] for entry in listed if entry["role"] == "device"}
+
+
 def test_a_key_past_its_quota_is_answered_429_and_nothing_is_stored(quota_api: Api) -> None:
     assert quota_api.define("colour", GRR).status_code == 201
+    (device,) = key_ids(quota_api).values()
     stamp = iso(hour(-1))
+    offered = sample("ldp_reports_by_key_total", key=device)
+    refusals = sample("ldp_quota_refusals_total", key=device, metric="colour")
     first = quota_api.post(reports("colour", 1, [{"value": 1}] * 3, stamp))
     assert first.json() == {"accepted": 3, "duplicates": 0}, first.text
     over = quota_api.post(reports("colour", 1, [{"value": 2}] * 3, stamp))
     body = assert_problem(over, 429, "quota-exceeded")
+    assert body["title"] == "Too Many Requests"
     assert 1 <= int(over.headers["Retry-After"]) <= 3600
-    assert "3 of its 5 reports of metric 'colour'" in body["detail"]
+    assert f"device key {device} has sent 3 of its 5 reports of metric 'colour'" in body["detail"]
     assert quota_api.repositories.reports.report_count() == 3
-    # the rest of the quota is still there
+    # another key has its own quota
+    created = quota_api.client.post(
+        "/v1/keys", json={"role": "device", "label": "other"}, headers=quota_api.auth("admin")
+    ).json()
+    other = {"Authorization": f"Bearer {created['key']}"}
+    batch = {"reports": reports("colour", 1, [{"value": 3}] * 5, stamp)}
+    assert quota_api.client.post("/v1/reports", json=batch, headers=other).status_code == 200
+    # the rest of the first key's quota is still there
     assert quota_api.post(reports("colour", 1, [{"value": 0}] * 2, stamp)).status_code == 200
+    assert quota_api.repositories.reports.report_count() == 10
     metrics = quota_api.client.get("/metrics", headers=quota_api.auth("admin")).text
-    assert 'ldp_quota_refusals_total{key="' in metrics and 'metric="colour"' in metrics
-    assert "ldp_reports_by_key_total{key=" in metrics
+    assert f'ldp_quota_refusals_total{{key="{device}",metric="colour"}}' in metrics
+    assert f'ldp_reports_by_key_total{{key="{created["key_id"]}"}} 5.0' in metrics
+    assert sample("ldp_reports_by_key_total", key=device) - offered == 5
+    assert sample("ldp_quota_refusals_total", key=device, metric="colour") - refusals == 1
+
+
+def test_a_batch_the_storage_fails_is_refunded(
+    quota_api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert quota_api.define("colour", GRR).status_code == 201
+    stamp = iso(hour(-1))
+
+    def unavailable(*_: object) -> None:
+        raise StorageUnavailableError("the database is full", 1.0)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(quota_api.repositories.reports, "ingest", unavailable)
+        failed = quota_api.post(reports("colour", 1, [{"value": 1}] * 4, stamp))
+        assert failed.status_code == 503 and "Retry-After" in failed.headers
+    stored = quota_api.post(reports("colour", 1, [{"value": 1}] * 5, stamp))
+    assert stored.json() == {"accepted": 5, "duplicates": 0}, stored.text  # all 5 are left
+
+
+def test_forged_reports_are_counted_by_rule_in_metrics(quota_api: Api) -> None:
+    assert quota_api.define("colour", OUE).status_code == 201
+    mech = make_mechanism(MechanismSpec.model_validate(OUE))
+    forged = mech.to_payloads(np.packbits(np.ones((2, 64), dtype=np.uint8), axis=1))
+    before = sample("ldp_reports_refused_by_rule_total", metric="colour", rule="oue.ones_count")
+    refused = quota_api.post(reports("colour", 1, forged, iso(hour(-1))))
+    assert_problem(refused, 422)
+    after = sample("ldp_reports_refused_by_rule_total", metric="colour", rule="oue.ones_count")
+    assert after - before == 2
+    # a refused batch takes nothing of the quota: 5 honest reports still fit
+    honest = mech.to_payloads(mech.encode(np.arange(5), rng=np.random.default_rng(7)))
+    assert quota_api.post(reports("colour", 1, honest, iso(hour(-1)))).status_code == 200
 
 
 def test_the_quota_must_be_a_count() -> None:
     with pytest.raises(ValueError, match="reports_per_key_per_hour"):
         Settings(reports_per_key_per_hour=-1)
+    environ = {"LDP_REPORTS_PER_KEY_PER_HOUR": "1000"}
+    assert Settings.from_environment(environ).reports_per_key_per_hour == 1000
+    with pytest.raises(ValueError, match="LDP_REPORTS_PER_KEY_PER_HOUR='many'"):
+        Settings.from_environment({"LDP_REPORTS_PER_KEY_PER_HOUR": "many"})
