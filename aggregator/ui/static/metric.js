@@ -295,10 +295,8 @@ function showIntegrity(integrity) {
   const warning = document.getElementById("integrity-warning");
   const alert = Boolean(integrity && integrity.alert);
   warning.hidden = !alert;
-  warning.textContent = alert
-    ? "Warning: this estimate may be attacked. " + integrity.message + " (p = " +
-      pValue(integrity.fit.p_value) + ")."
-    : "";
+  // The message names the test and its p-value.
+  warning.textContent = alert ? "Warning: this estimate may be attacked: " + integrity.message + "." : "";
 }
 
 function showEstimate(body) {
